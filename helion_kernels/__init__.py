@@ -1,0 +1,14 @@
+"""helion-kernels: autotuned Helion kernels that fuse normalization into the GEMM beside it.
+
+Public API::
+
+    from helion_kernels import rmsnorm_matmul, matmul, fold_rmsnorm_weight
+
+Each kernel reads its tuned config from the committed registry under ``configs/``; see the
+README for tuning (``helion-kernels autotune``) and benchmarking (``helion-kernels bench``).
+"""
+
+from .kernels.rmsnorm_matmul import fold_rmsnorm_weight
+from .ops import matmul, rmsnorm_matmul
+
+__all__ = ["fold_rmsnorm_weight", "matmul", "rmsnorm_matmul"]

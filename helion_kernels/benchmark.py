@@ -1,0 +1,198 @@
+"""Benchmark a kernel over a workload against the unfused alternatives a user has.
+
+Per shape (CUDA-graph replay, median, input sets rotated past the L2 cache): cuBLAS
+``a @ b``, the plain Helion GEMM tuned the same way, the standalone norm (inductor, and
+Liger when installed), cuBLAS + norm, and the fused kernel. Reported: latency saved as a
+percentage of the inductor norm's latency (the blog's metric, against the Helion GEMM;
+and against cuBLAS + inductor norm), speed-up over the best unfused pipeline, relative
+error against the fp32 reference, and distance to the byte and FLOP floors at the
+ceilings measured in the same run. Results go to ``bench/results/<gpu>/`` as CSV,
+markdown and PNG.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from . import ops, registry
+from .kernels import get_spec
+from .kernels.spec import KernelSpec, Shape
+from .timing import Ceilings, input_copies, measure_ceilings, time_ms
+from .tuning import versions
+from .verify import check_outputs
+
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
+
+
+def bench_shape(
+    spec: KernelSpec, shape: Shape, dtype: torch.dtype, device: torch.device, ceilings: Ceilings
+) -> dict:
+    """One result row for ``shape``: times in ms, savings in %, floors in ms."""
+    torch._dynamo.reset()  # one fresh torch.compile per shape, no recompile limit
+    n_sets = input_copies(spec.min_bytes(shape, dtype), device)
+    arg_sets = [spec.make_args(shape, dtype, device, seed) for seed in range(n_sets)]
+    row: dict = {"M": shape.M, "K": shape.K, "N": shape.N, "dtype": registry.dtype_name(dtype)}
+
+    row["config"] = ops.resolved_config(spec, arg_sets[0]).source
+    outputs = ops.run(spec, arg_sets[0])
+    row["rel_error"] = check_outputs(outputs, spec.reference(*arg_sets[0]), dtype)
+
+    times = {spec.name: time_ms([lambda a=a: ops.run(spec, a) for a in arg_sets])}
+    if spec.gemm_twin is not None:
+        twin = get_spec(spec.gemm_twin)
+        times[f"helion_{twin.name}"] = time_ms([lambda a=a: ops.run(twin, a[:2]) for a in arg_sets])
+    baseline_sets = [spec.baselines(*a) for a in arg_sets]
+    for name in baseline_sets[0]:
+        times[name] = time_ms([b[name] for b in baseline_sets])
+    row.update({f"{k}_ms": v for k, v in times.items()})
+
+    fused = times[spec.name]
+    if spec.norm_baseline is not None:
+        norm = times[spec.norm_baseline]
+        gemm = times.get(f"helion_{spec.gemm_twin}")
+        if gemm is not None:
+            row["saved_vs_helion_gemm_pct"] = 100 * (gemm + norm - fused) / norm
+        if "cublas+inductor_norm" in times:
+            row["saved_vs_cublas_inductor_pct"] = 100 * (times["cublas+inductor_norm"] - fused) / norm
+    unfused = [times[n] for n in spec.unfused_baselines if n in times]
+    if unfused:
+        row["speedup_vs_best_unfused"] = min(unfused) / fused
+    row["vs_cublas_mm"] = fused / times["cublas_mm"]
+    row["byte_floor_ms"] = spec.min_bytes(shape, dtype) / (ceilings.bandwidth_gbps * 1e9) * 1e3
+    row["flop_floor_ms"] = spec.flops(shape) / (ceilings.bf16_tflops * 1e12) * 1e3
+    row["fused_over_floor"] = fused / max(row["byte_floor_ms"], row["flop_floor_ms"])
+    return row
+
+
+def run_benchmark(
+    spec: KernelSpec, shapes: list[Shape], dtype: torch.dtype, device: torch.device
+) -> tuple[pd.DataFrame, dict]:
+    """Benchmark every shape with a progress bar; returns the table and its metadata."""
+    from rich.progress import track
+
+    ceilings = measure_ceilings(device)
+    rows = [
+        bench_shape(spec, s, dtype, device, ceilings)
+        for s in track(shapes, description=f"bench {spec.name}", transient=True)
+    ]
+    meta = {
+        "gpu": torch.cuda.get_device_name(device),
+        "gpu_key": registry.gpu_key(device),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(shlex.quote(a) for a in ["helion-kernels", *sys.argv[1:]]),
+        "versions": {**versions(), "liger-kernel": _version("liger-kernel")},
+        "ceilings": {"copy_GBps": round(ceilings.bandwidth_gbps, 1), "bf16_TFLOPs": round(ceilings.bf16_tflops, 1)},
+        "timing": "CUDA-graph replay (triton.testing.do_bench_cudagraph), median of 10 replays, "
+                  "input sets rotated to >= 4x L2",
+    }
+    return pd.DataFrame(rows), meta
+
+
+def _version(pkg: str) -> str:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+def write_results(df: pd.DataFrame, meta: dict, out_dir: Path, stem: str) -> list[Path]:
+    """``<stem>.csv``, ``<stem>.md`` (table + provenance), ``<stem>.json`` and ``<stem>.png``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.{ext}" for ext in ("csv", "md", "json", "png")]
+    df.to_csv(paths[0], index=False, float_format="%.5g")
+    header = [
+        f"# {stem} on {meta['gpu']}",
+        "",
+        f"- command: `{meta['command']}`",
+        f"- date: {meta['date']}",
+        f"- versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
+        f"- measured ceilings: {meta['ceilings']['copy_GBps']} GB/s copy, "
+        f"{meta['ceilings']['bf16_TFLOPs']} bf16 TFLOP/s",
+        f"- timing: {meta['timing']}",
+        "- `saved_vs_*_pct`: latency saved as % of the inductor norm's latency, "
+        "(t_gemm + t_norm - t_fused) / t_norm; 100% = the norm is free",
+        "",
+    ]
+    shown = df.copy()
+    for col in shown.select_dtypes("float").columns:  # 4 significant digits, integers kept
+        shown[col] = shown[col].map(lambda v: f"{v:.4g}")
+    paths[1].write_text("\n".join(header) + "\n" + shown.to_markdown(index=False) + "\n")
+    paths[2].write_text(json.dumps(meta, indent=1) + "\n")
+    plot(df, meta, paths[3])
+    return paths
+
+
+def plot(df: pd.DataFrame, meta: dict, path: Path) -> None:
+    """Latency relative to cuBLAS ``a @ b`` per shape, and % of the norm's latency saved."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r.M}x{r.K}x{r.N}" for r in df.itertuples()]
+    time_cols = [c for c in df.columns if c.endswith("_ms") and "floor" not in c]
+    saved_cols = [c for c in df.columns if c.startswith("saved_")]
+    fig, axes = plt.subplots(2 if saved_cols else 1, 1, figsize=(max(8, len(df) * 0.9), 9 if saved_cols else 5),
+                             squeeze=False)
+    rel = df[time_cols].div(df["cublas_mm_ms"], axis=0)
+    rel.columns = [c.removesuffix("_ms") for c in time_cols]
+    rel.index = labels
+    rel.plot.bar(ax=axes[0, 0], width=0.85)
+    axes[0, 0].axhline(1.0, color="k", lw=0.8, ls="--")
+    axes[0, 0].set_ylabel("latency / cuBLAS a@b")
+    axes[0, 0].set_title(f"{meta['gpu']}: latency relative to cuBLAS GEMM (lower is better)")
+    if saved_cols:
+        saved = df[saved_cols].copy()
+        saved.index = labels
+        saved.plot.bar(ax=axes[1, 0], width=0.8)
+        axes[1, 0].axhline(100, color="k", lw=0.8, ls="--", label="norm free")
+        axes[1, 0].set_ylabel("% of inductor norm latency saved")
+        axes[1, 0].set_title("latency saved (higher is better)")
+        axes[1, 0].legend(fontsize=8)
+    for ax in axes[:, 0]:
+        ax.tick_params(axis="x", rotation=45)
+        for lab in ax.get_xticklabels():
+            lab.set_ha("right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cpu_report(spec: KernelSpec, shapes: list[Shape], dtype: torch.dtype) -> pd.DataFrame:
+    """What can be shown without a GPU: per shape and registered GPU, the config a call
+    would run with, checked to compile to Triton for that exact shape with this Helion."""
+    import helion
+    from helion.runtime.ref_mode import RefMode
+
+    # Code generation is what is checked, also when HELION_INTERPRET=1 is set.
+    kernel = helion.kernel(spec.kernel.fn, static_shapes=True, ref_mode=RefMode.OFF)
+    rows = []
+    name = registry.dtype_name(dtype)
+    for gpu in registry.known_gpus() or ["(none)"]:
+        entries = registry.entries_for(spec.name, gpu) if gpu != "(none)" else {}
+        for shape in shapes:
+            exact = entries.get((*shape, name))
+            entry = exact or registry.nearest_entry(entries, shape, name)
+            config = entry.config if entry else spec.default_config
+            args = spec.make_args(shape, dtype, "cpu", None)  # uninitialised: codegen only
+            try:
+                kernel.bind(args).to_triton_code(config)
+                codegen = "ok"
+            except Exception as err:  # report, do not stop: this is a health check
+                codegen = f"FAILED: {type(err).__name__}: {err}"[:120]
+            rows.append({
+                "gpu": gpu, "M": shape.M, "K": shape.K, "N": shape.N, "dtype": name,
+                "config": "exact" if exact else ("nearest " + str(entry.shape) if entry else "default"),
+                "tuned_latency_ms": entry.meta.get("latency_ms") if exact else None,
+                "triton_codegen": codegen,
+            })
+    return pd.DataFrame(rows)
+

@@ -1,0 +1,149 @@
+"""Command line: ``helion-kernels {autotune,bench,list}`` (also ``python -m helion_kernels``).
+
+Only argument parsing and printing live here; the work is in :mod:`.tuning` and
+:mod:`.benchmark`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+from . import registry, workloads
+from .kernels import SPECS, get_spec
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+AUTOTUNE_CACHE = Path(__file__).resolve().parent.parent / "autotune_cache"
+SUMMARY_COLUMNS = [
+    "M", "K", "N", "config", "{kernel}_ms", "cublas_mm_ms", "helion_matmul_ms", "inductor_norm_ms",
+    "cublas+inductor_norm_ms", "cublas+liger_norm_ms", "saved_vs_helion_gemm_pct",
+    "saved_vs_cublas_inductor_pct", "speedup_vs_best_unfused", "fused_over_floor", "rel_error",
+]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="helion-kernels", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp: argparse.ArgumentParser, shape: bool) -> None:
+        sp.add_argument("--kernel", required=True, choices=sorted(SPECS))
+        group = sp.add_mutually_exclusive_group(required=True)
+        if shape:
+            group.add_argument("--shape", help="one shape M,K,N")
+        group.add_argument("--workload", help=f"a table under configs/workloads ({', '.join(workloads.list_workloads())})")
+        sp.add_argument("--where", help="pandas query selecting workload rows, e.g. 'M == 65536'")
+        sp.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+
+    tune = sub.add_parser("autotune", help="tune shapes on this GPU and save verified configs in the registry")
+    common(tune, shape=True)
+    tune.add_argument("--effort", default="quick", choices=["quick", "full"], help="Helion autotune_effort")
+    tune.add_argument("--budget-seconds", type=int, default=60,
+                      help="Helion autotune_budget_seconds per shape (default 60)")
+    tune.add_argument("--force", action="store_true", help="re-tune shapes already in the registry")
+    tune.add_argument("--seed", type=int, default=0, help="random seed of inputs and search")
+
+    bench = sub.add_parser("bench", help="time a kernel over a workload against the unfused baselines")
+    common(bench, shape=False)
+    bench.add_argument("--out", type=Path, default=None,
+                       help="results folder (default bench/results/<gpu>/)")
+
+    sub.add_parser("list", help="kernels, workloads and registry coverage")
+    return p
+
+
+def _shapes(args: argparse.Namespace) -> list:
+    if getattr(args, "shape", None):
+        if args.where:
+            raise ValueError("--where applies to --workload, not --shape")
+        return [workloads.parse_shape(args.shape)]
+    return workloads.shapes(workloads.load_workload(args.workload, args.where))
+
+
+def _cmd_autotune(args: argparse.Namespace) -> int:
+    from .tuning import TuneOptions, tune_shapes
+
+    if not torch.cuda.is_available():
+        print("helion-kernels autotune: autotuning times kernels on a CUDA GPU and none was found.",
+              file=sys.stderr)
+        return 2
+    os.environ.setdefault("HELION_CACHE_DIR", str(AUTOTUNE_CACHE))
+    spec = get_spec(args.kernel)
+    options = TuneOptions(effort=args.effort, budget_seconds=args.budget_seconds,
+                          force=args.force, seed=args.seed)
+    results = tune_shapes(spec, _shapes(args), DTYPES[args.dtype], options, torch.device("cuda"))
+    counts = {s: sum(r.status == s for r in results) for s in ("tuned", "skipped", "failed")}
+    path = registry.registry_path(spec.name, registry.gpu_key("cuda"))
+    print(f"{counts['tuned']} tuned, {counts['skipped']} skipped, {counts['failed']} failed; registry: {path}")
+    return 1 if counts["failed"] else 0
+
+
+def _stem(args: argparse.Namespace) -> str:
+    stem = f"{args.kernel}_{args.workload}"
+    if args.where:
+        stem += "_" + re.sub(r"[^A-Za-z0-9]+", "_", args.where).strip("_")
+    return stem if args.dtype == "bfloat16" else f"{stem}_{args.dtype}"
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .benchmark import RESULTS_DIR, cpu_report, run_benchmark, write_results
+
+    spec = get_spec(args.kernel)
+    shapes = _shapes(args)
+    dtype = DTYPES[args.dtype]
+    if not torch.cuda.is_available():
+        print("No CUDA GPU found: timings need a CUDA GPU. Checking instead, for every shape of "
+              f"the workload and every GPU in the registry, which config {spec.name} would run "
+              "with and that it compiles to Triton for that exact shape with this Helion.\n")
+        report = cpu_report(spec, shapes, dtype)
+        print(report.to_string(index=False))
+        for gpu in registry.known_gpus():
+            committed = RESULTS_DIR / gpu / f"{_stem(args)}.md"
+            if committed.is_file():
+                print(f"\nCommitted results measured on {gpu} ({committed}):\n")
+                print(committed.read_text())
+        failed = report["triton_codegen"].str.startswith("FAILED").sum()
+        print(f"\n{len(report) - failed} of {len(report)} configs compile. "
+              "Numerical CPU checks: see the README's test command.")
+        return 1 if failed else 0
+    df, meta = run_benchmark(spec, shapes, dtype, torch.device("cuda"))
+    out_dir = args.out or RESULTS_DIR / meta["gpu_key"]
+    paths = write_results(df, meta, out_dir, _stem(args))
+    cols = [c.format(kernel=spec.name) for c in SUMMARY_COLUMNS]
+    print(df[[c for c in cols if c in df.columns]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print("\nwrote " + ", ".join(str(p) for p in paths))
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    print("kernels:")
+    for spec in SPECS.values():
+        print(f"  {spec.name:16} {spec.technique}")
+    print("workloads:")
+    for name in workloads.list_workloads():
+        print(f"  {name:16} {len(workloads.load_workload(name))} rows")
+    print(f"registry ({registry.config_dir()}):")
+    for gpu in registry.known_gpus():
+        for spec in SPECS.values():
+            entries = registry.entries_for(spec.name, gpu)
+            if entries:
+                print(f"  {gpu:24} {spec.name:16} {len(entries)} shapes")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler = {"autotune": _cmd_autotune, "bench": _cmd_bench, "list": _cmd_list}[args.command]
+    try:
+        return handler(args)
+    except (ValueError, registry.RegistryError) as err:
+        print(f"helion-kernels {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

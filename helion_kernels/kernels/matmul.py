@@ -1,0 +1,70 @@
+"""The plain Helion GEMM, ``c = a @ b``: the fused kernels' own GEMM without the norm.
+
+It is tuned and registered exactly like the fused kernels, so "latency saved against the
+Helion GEMM" (the metric of the PyTorch blog "Towards Free Normalization", 2026) compares
+like with like. Structure follows Helion's ``examples/matmul.py``.
+"""
+
+from __future__ import annotations
+
+import helion
+import helion.language as hl
+import torch
+
+from .spec import (
+    GEMM_DEFAULT_CONFIG,
+    GEMM_SEED_CONFIGS,
+    KernelSpec,
+    Shape,
+    gemm_flops,
+    gemm_min_bytes,
+    gemm_shape,
+    random_gemm_operands,
+    reference_dtype,
+)
+
+
+@helion.kernel(static_shapes=True)
+def matmul_kernel(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a`` [M, K] @ ``b`` [K, N] -> [M, N] in ``a.dtype``, fp32 accumulation."""
+    m, k = a.size()
+    _, n = b.size()
+    c = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    for tile_m, tile_n in hl.tile([m, n]):
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        for tile_k in hl.tile(k):
+            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+        c[tile_m, tile_n] = acc.to(c.dtype)
+    return c
+
+
+def matmul_reference(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor]:
+    """``a @ b`` in fp32 (float64 for float64 inputs)."""
+    dt = reference_dtype(a.dtype)
+    return (a.to(dt) @ b.to(dt),)
+
+
+def _make_args(shape: Shape, dtype: torch.dtype, device, seed: int | None) -> tuple:
+    return random_gemm_operands(shape, dtype, device, seed)
+
+
+def _baselines(a: torch.Tensor, b: torch.Tensor) -> dict:
+    return {"cublas_mm": lambda: torch.mm(a, b)}
+
+
+SPEC = KernelSpec(
+    name="matmul",
+    kernel=matmul_kernel,
+    make_args=_make_args,
+    shape_of=gemm_shape,
+    reference=matmul_reference,
+    flops=gemm_flops,
+    min_bytes=gemm_min_bytes,
+    default_config=GEMM_DEFAULT_CONFIG,
+    seed_configs=GEMM_SEED_CONFIGS,
+    baselines=_baselines,
+    norm_baseline=None,
+    unfused_baselines=("cublas_mm",),
+    gemm_twin=None,
+    technique="plain GEMM (the baseline the fused kernels are measured against)",
+)

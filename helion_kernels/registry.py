@@ -1,0 +1,249 @@
+"""The committed config registry: the best Helion config per GPU kind, kernel and shape.
+
+Layout: ``configs/<gpu>/<kernel>.json``, where ``<gpu>`` is :func:`gpu_key` (device name
+and compute capability, e.g. ``nvidia_h200_sm90``). A file holds one entry per
+(M, K, N, dtype): the Helion config (``helion.Config.to_json`` form) and what it was
+measured at (latency, relative error, versions, date, tuning settings).
+
+Guarantees:
+
+* Writes are atomic (temporary file in the same folder, fsync, ``os.replace``) and
+  serialised by a lock file, so a crash or a second writer never loses finished entries.
+* A corrupt or half-written file raises :class:`RegistryError` naming the file, and is
+  never overwritten: fix or remove it by hand; nothing else is lost.
+
+Lookup rule for a shape that was not tuned (:func:`nearest_entry`): among the entries of
+the same dtype (of any dtype when none exists), take the one with the smallest
+``|log2(M/M')| + |log2(K/K')| + |log2(N/N')|``; ties go to the larger tuned shape. The
+caller gets a :class:`ConfigFallbackWarning`. With no entry at all for the GPU, the
+kernel's conservative default config is used, also with a warning. Nothing ever starts an
+autotuning run inside a user's call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import tempfile
+import warnings
+from pathlib import Path
+
+import filelock
+import helion
+import torch
+
+from .kernels.spec import Shape
+
+FORMAT_VERSION = 1
+ENV_CONFIG_DIR = "HELION_KERNELS_CONFIG_DIR"
+
+
+class RegistryError(RuntimeError):
+    """A registry file cannot be read (corrupt, half-written or of another format)."""
+
+
+class ConfigFallbackWarning(UserWarning):
+    """A call runs with a config tuned for another shape, or with the default config."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """One tuned config: the shape and dtype it was tuned at, and what it measured."""
+
+    shape: Shape
+    dtype: str
+    config: helion.Config
+    meta: dict = dataclasses.field(default_factory=dict, compare=False)
+
+    @property
+    def key(self) -> tuple[int, int, int, str]:
+        return (*self.shape, self.dtype)
+
+    def to_json(self) -> dict:
+        return {
+            "M": self.shape.M,
+            "K": self.shape.K,
+            "N": self.shape.N,
+            "dtype": self.dtype,
+            "config": json.loads(self.config.to_json()),
+            **self.meta,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Entry":
+        meta = {k: v for k, v in obj.items() if k not in ("M", "K", "N", "dtype", "config")}
+        return cls(
+            shape=Shape(int(obj["M"]), int(obj["K"]), int(obj["N"])),
+            dtype=str(obj["dtype"]),
+            config=helion.Config.from_json(json.dumps(obj["config"])),
+            meta=meta,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """The config a call will run with, and where it came from."""
+
+    config: helion.Config
+    source: str  # "exact", "nearest" or "default"
+    entry: Entry | None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def gpu_key(device: torch.device | str | int | None = None) -> str:
+    """Registry folder name of a device: ``nvidia_h200_sm90``; ``cpu`` for the CPU."""
+    device = torch.device("cuda" if device is None else device)
+    if device.type != "cuda":
+        return device.type
+    name = torch.cuda.get_device_name(device)
+    major, minor = torch.cuda.get_device_capability(device)
+    slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
+    return f"{slug}_sm{major}{minor}"
+
+
+def config_dir() -> Path:
+    """``$HELION_KERNELS_CONFIG_DIR``, else the repository's ``configs/`` folder."""
+    env = os.environ.get(ENV_CONFIG_DIR)
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "configs"
+
+
+def registry_path(kernel: str, gpu: str) -> Path:
+    return config_dir() / gpu / f"{kernel}.json"
+
+
+def known_gpus() -> list[str]:
+    """GPU keys that have at least one registry file."""
+    root = config_dir()
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and any(p.glob("*.json")))
+
+
+def load_entries(path: Path) -> dict[tuple, Entry]:
+    """All entries of one registry file, keyed by (M, K, N, dtype); {} if it does not exist.
+
+    Raises:
+        RegistryError: the file exists but is not a complete registry file.
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {}
+    try:
+        doc = json.loads(text)
+        if doc.get("format") != FORMAT_VERSION:
+            raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT_VERSION}")
+        entries = [Entry.from_json(obj) for obj in doc["entries"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise RegistryError(
+            f"registry file {path} is corrupt or incomplete ({type(err).__name__}: {err}). "
+            "It was left untouched; fix it or remove it (git checkout restores the "
+            "committed version)."
+        ) from err
+    return {e.key: e for e in entries}
+
+
+# In-process cache of parsed files, invalidated by modification time and size.
+_CACHE: dict[Path, tuple[tuple[int, int], dict[tuple, Entry]]] = {}
+
+
+def entries_for(kernel: str, gpu: str) -> dict[tuple, Entry]:
+    """Cached :func:`load_entries` of ``registry_path(kernel, gpu)``."""
+    path = registry_path(kernel, gpu)
+    try:
+        st = path.stat()
+        stamp = (st.st_mtime_ns, st.st_size)
+    except FileNotFoundError:
+        return {}
+    hit = _CACHE.get(path)
+    if hit is None or hit[0] != stamp:
+        hit = (stamp, load_entries(path))
+        _CACHE[path] = hit
+    return hit[1]
+
+
+def save_entry(kernel: str, gpu: str, entry: Entry, gpu_name: str | None = None) -> Path:
+    """Insert or replace one entry, atomically, keeping every other entry of the file.
+
+    Raises:
+        RegistryError: the existing file is corrupt; nothing is written.
+    """
+    path = registry_path(kernel, gpu)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(path) + ".lock"):
+        entries = load_entries(path)
+        entries[entry.key] = entry
+        doc = {
+            "format": FORMAT_VERSION,
+            "kernel": kernel,
+            "gpu": gpu_name or gpu,
+            "entries": [
+                entries[k].to_json()
+                for k in sorted(entries, key=lambda k: (k[3], k[0], k[1], k[2]))
+            ],
+        }
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f, indent=1)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return path
+
+
+def shape_distance(a: Shape, b: Shape) -> float:
+    """Sum of |log2| ratios of M, K and N."""
+    return sum(abs(math.log2(x / y)) for x, y in zip(a, b))
+
+
+def nearest_entry(entries: dict[tuple, Entry], shape: Shape, dtype: str) -> Entry | None:
+    """The entry closest to ``shape`` by the rule in this module's docstring."""
+    pool = [e for e in entries.values() if e.dtype == dtype] or list(entries.values())
+    if not pool:
+        return None
+    return min(pool, key=lambda e: (shape_distance(e.shape, shape), tuple(-x for x in e.shape)))
+
+
+def resolve(
+    kernel: str, default: helion.Config, shape: Shape, dtype: torch.dtype, gpu: str
+) -> Resolved:
+    """The config a call of ``kernel`` at ``shape``/``dtype`` on ``gpu`` runs with.
+
+    Warns with :class:`ConfigFallbackWarning` unless the exact shape was tuned.
+    """
+    name = dtype_name(dtype)
+    entries = entries_for(kernel, gpu)
+    exact = entries.get((*shape, name))
+    if exact is not None:
+        return Resolved(exact.config, "exact", exact)
+    near = nearest_entry(entries, shape, name)
+    if near is not None:
+        warnings.warn(
+            f"{kernel}: no config tuned for {shape} {name} on {gpu}; using the one tuned "
+            f"for {near.shape} {near.dtype}. Tune this shape with: helion-kernels autotune "
+            f"--kernel {kernel} --shape {shape.M},{shape.K},{shape.N} --dtype {name}",
+            ConfigFallbackWarning,
+            stacklevel=3,
+        )
+        return Resolved(near.config, "nearest", near)
+    warnings.warn(
+        f"{kernel}: the registry has no config for {gpu} ({registry_path(kernel, gpu)}); "
+        f"using the conservative default config, which can be several times slower. Tune "
+        f"with: helion-kernels autotune --kernel {kernel} --shape {shape.M},{shape.K},"
+        f"{shape.N} --dtype {name}",
+        ConfigFallbackWarning,
+        stacklevel=3,
+    )
+    return Resolved(default, "default", None)

@@ -1,0 +1,174 @@
+"""Autotuning one shape or a workload sweep, verifying each config before it is saved.
+
+Per shape: Helion's autotuner (``autotune_effort`` and ``autotune_budget_seconds`` bound
+the time; the search is seeded with the nearest registered shape's config and the spec's
+hand-picked tilings; every candidate is checked against the fp32 reference), then the
+winning config is checked again on fresh random inputs, timed by CUDA-graph replay, and
+written to the registry. Helion's own cache (``HELION_CACHE_DIR``, the repository's
+``autotune_cache/`` when run from the CLI) makes an interrupted sweep resume cheaply;
+shapes already in the registry are skipped unless ``force``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import importlib.metadata
+import time
+from typing import Iterable
+
+import helion
+import torch
+
+from . import registry
+from .kernels.spec import KernelSpec, Shape
+from .timing import time_ms
+from .verify import check_outputs
+
+EFFORTS = ("quick", "full")
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneOptions:
+    """Autotuner settings for one sweep (Helion's ``autotune_*`` settings)."""
+
+    effort: str = "quick"
+    budget_seconds: int = 60
+    force: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.effort not in EFFORTS:
+            raise ValueError(f"effort must be one of {EFFORTS}, got {self.effort!r}")
+        if self.budget_seconds <= 0:
+            raise ValueError(f"budget_seconds must be positive, got {self.budget_seconds}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneResult:
+    shape: Shape
+    status: str  # "tuned", "skipped" or "failed"
+    seconds: float
+    message: str
+    entry: registry.Entry | None = None
+
+
+def versions() -> dict[str, str]:
+    """Versions of what decides a config's speed: torch, CUDA, triton, helion."""
+    out = {"torch": torch.__version__, "cuda": str(torch.version.cuda)}
+    for pkg in ("triton", "helion"):
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = "absent"
+    return out
+
+
+def tune_shape(
+    spec: KernelSpec,
+    shape: Shape,
+    dtype: torch.dtype,
+    options: TuneOptions,
+    device: torch.device,
+    progress_bar: bool = True,
+) -> TuneResult:
+    """Tune ``spec`` at ``shape``/``dtype`` on ``device`` and save the verified config.
+
+    Raises:
+        VerificationError: the winning config fails the fp32 reference check on fresh
+            inputs (nothing is saved).
+    """
+    if device.type != "cuda":
+        raise ValueError(f"autotuning needs a CUDA device, got {device}")
+    gpu = registry.gpu_key(device)
+    name = registry.dtype_name(dtype)
+    entries = registry.entries_for(spec.name, gpu)
+    if not options.force and (*shape, name) in entries:
+        return TuneResult(shape, "skipped", 0.0, "already in the registry (--force re-tunes)")
+    near = registry.nearest_entry(entries, shape, name)
+    seeds = ([near.config] if near is not None else []) + list(spec.seed_configs)
+
+    t0 = time.perf_counter()
+    kernel = helion.kernel(
+        spec.kernel.fn,
+        static_shapes=True,
+        autotune_effort=options.effort,
+        autotune_budget_seconds=options.budget_seconds,
+        autotune_seed_configs=seeds,
+        autotune_random_seed=options.seed,
+        autotune_baseline_fn=spec.reference,
+        autotune_baseline_accuracy_check_fn=functools.partial(_accuracy_check, dtype=dtype),
+        autotune_progress_bar=progress_bar,
+    )
+    args = spec.make_args(shape, dtype, device, options.seed)
+    bound = kernel.bind(args)
+    config = bound.autotune(args, force=options.force)
+    tune_seconds = time.perf_counter() - t0
+
+    fresh = spec.make_args(shape, dtype, device, options.seed + 1)
+    rel_error = check_outputs(bound(*fresh), spec.reference(*fresh), dtype)
+    latency = time_ms(lambda: bound(*args))
+    entry = registry.Entry(
+        shape=shape,
+        dtype=name,
+        config=config,
+        meta={
+            "latency_ms": round(latency, 5),
+            "rel_error": float(f"{rel_error:.3g}"),
+            "tuned_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "autotune": {
+                "effort": options.effort,
+                "budget_seconds": options.budget_seconds,
+                "seconds": round(tune_seconds, 1),
+                "seeded_from": None if near is None else f"{near.shape} {near.dtype}",
+            },
+            "versions": versions(),
+        },
+    )
+    registry.save_entry(spec.name, gpu, entry, gpu_name=torch.cuda.get_device_name(device))
+    return TuneResult(
+        shape, "tuned", time.perf_counter() - t0,
+        f"{latency:.4f} ms, rel. error {rel_error:.2e}, tuned in {tune_seconds:.0f} s", entry,
+    )
+
+
+def _accuracy_check(output, baseline, dtype: torch.dtype) -> None:
+    """Helion's per-candidate accuracy hook: the same bar as the final check."""
+    check_outputs(output, baseline, dtype)
+
+
+def tune_shapes(
+    spec: KernelSpec,
+    shapes: Iterable[Shape],
+    dtype: torch.dtype,
+    options: TuneOptions,
+    device: torch.device,
+) -> list[TuneResult]:
+    """Tune every shape in turn with a progress bar; a failing shape does not stop the rest.
+
+    Each finished shape is in the registry as soon as it is done, so an interrupted sweep
+    loses at most the shape in progress.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    shapes = list(shapes)
+    results: list[TuneResult] = []
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task(f"autotune {spec.name}", total=len(shapes))
+        for shape in shapes:
+            progress.update(task, description=f"autotune {spec.name} {shape} {registry.dtype_name(dtype)}")
+            t0 = time.perf_counter()
+            try:
+                # Helion's own bar would fight ours for the terminal.
+                result = tune_shape(spec, shape, dtype, options, device, progress_bar=False)
+            except Exception as err:  # keep going: the other shapes are still worth tuning
+                result = TuneResult(shape, "failed", time.perf_counter() - t0, f"{type(err).__name__}: {err}")
+            results.append(result)
+            style = {"tuned": "green", "skipped": "dim", "failed": "red"}[result.status]
+            progress.console.print(f"[{style}]{result.status:8}[/] {shape}  {result.message}")
+            progress.advance(task)
+    return results

@@ -1,0 +1,79 @@
+"""Checking kernel outputs against their fp32 PyTorch reference.
+
+Used by the autotuner (every candidate, and again on fresh inputs before a config is
+persisted), the benchmark and the tests, so all three apply the same bar.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Elementwise tolerance per input dtype: |out - ref| <= tol * (|ref| + rms(ref)).
+# bf16 follows the authors' fused-forward tests (atol = rtol = 3e-2 on unit-scale outputs);
+# fp32 inputs run on TF32 tensor cores (Helion's default dot precision).
+TOLERANCE: dict[torch.dtype, float] = {
+    torch.bfloat16: 3e-2,
+    torch.float16: 1e-2,
+    torch.float32: 5e-3,
+    torch.float64: 1e-6,
+}
+
+
+class VerificationError(AssertionError):
+    """A kernel output differs from its reference by more than the tolerance."""
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` in float64 (``inf`` if out has NaN/inf, 0 for empty)."""
+    if out.numel() == 0:
+        return 0.0
+    out64, ref64 = out.to(torch.float64), ref.to(torch.float64)
+    if not torch.isfinite(out64).all():
+        return float("inf")
+    denom = ref64.norm().item()
+    diff = (out64 - ref64).norm().item()
+    return diff / denom if denom > 0 else diff
+
+
+def check_outputs(
+    outputs: torch.Tensor | tuple | list,
+    reference: torch.Tensor | tuple | list,
+    dtype: torch.dtype,
+) -> float:
+    """Compare every output with its reference; return the largest relative error.
+
+    Each pair must have the same shape, ``outputs`` must be finite everywhere (NaN never
+    passes), and every element must satisfy ``|out - ref| <= tol * (|ref| + rms(ref))``
+    with ``tol = TOLERANCE[dtype]``: scale-free, and one wrong element fails.
+
+    Raises:
+        VerificationError: with the worst element's index and values.
+    """
+    outs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+    refs = reference if isinstance(reference, (tuple, list)) else (reference,)
+    if len(outs) != len(refs):
+        raise VerificationError(f"{len(outs)} outputs but {len(refs)} reference outputs")
+    tol = TOLERANCE[dtype]
+    worst = 0.0
+    for i, (out, ref) in enumerate(zip(outs, refs)):
+        if tuple(out.shape) != tuple(ref.shape):
+            raise VerificationError(f"output {i}: shape {tuple(out.shape)} != {tuple(ref.shape)}")
+        if out.numel() == 0:
+            continue
+        o = out.to(torch.float64)
+        r = ref.to(device=out.device, dtype=torch.float64)
+        if not torch.isfinite(o).all():
+            bad = (~torch.isfinite(o)).sum().item()
+            raise VerificationError(f"output {i}: {bad} non-finite elements")
+        rms = r.pow(2).mean().sqrt()
+        excess = (o - r).abs() - tol * (r.abs() + rms)
+        if (excess > 0).any():
+            idx = int(excess.flatten().argmax())
+            pos = tuple(int(x) for x in torch.unravel_index(torch.tensor(idx), o.shape))
+            raise VerificationError(
+                f"output {i}: {(excess > 0).sum().item()} of {o.numel()} elements off by more "
+                f"than {tol:g} x (|ref| + rms(ref)); worst at {pos}: got "
+                f"{o[pos].item():.6g}, expected {r[pos].item():.6g}"
+            )
+        worst = max(worst, relative_error(out, r))
+    return worst

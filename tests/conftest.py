@@ -1,0 +1,120 @@
+"""Test sessions and the small CPU work-arounds they need.
+
+A pytest session runs in exactly one mode, chosen by the environment:
+
+* ``pytest`` on a machine without CUDA (or with ``HELION_INTERPRET=1``): Helion's reference
+  mode (eager PyTorch, checks the math); runs unmarked and ``ref_mode`` tests.
+* ``TRITON_INTERPRET=1 pytest``: the Triton code Helion generates for explicit configs,
+  on CPU (checks tiling and masking); runs ``triton_interpret`` tests.
+* ``pytest`` on a CUDA machine: runs unmarked and ``cuda`` tests.
+
+Tests of another mode are deselected (not skipped). The two interpret modes are never
+combined: Helion refuses that.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    MODE = "triton_interpret"
+elif os.environ.get("HELION_INTERPRET", "0") not in ("", "0") or not torch.cuda.is_available():
+    # Must happen before helion_kernels is imported: Helion reads it when a kernel is defined.
+    os.environ["HELION_INTERPRET"] = "1"
+    MODE = "ref_mode"
+else:
+    MODE = "cuda"
+
+MODE_MARKERS = ("ref_mode", "triton_interpret", "cuda")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "ref_mode: runs kernels in Helion's reference mode (HELION_INTERPRET=1)")
+    # A silent fallback to another shape's config is a test bug; tests that expect one say so.
+    # (Registered here, not in pyproject.toml: naming the class imports helion_kernels, which
+    # must wait until HELION_INTERPRET is settled above.)
+    config.addinivalue_line("filterwarnings", "error::helion_kernels.registry.ConfigFallbackWarning")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"helion-kernels test mode: {MODE}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    keep, drop = [], []
+    for item in items:
+        marks = [m for m in MODE_MARKERS if item.get_closest_marker(m)]
+        unmarked_ok = MODE != "triton_interpret"
+        (keep if (MODE in marks or (not marks and unmarked_ok)) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(autouse=True)
+def _cpu_workarounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Patch two known CPU gaps for the duration of each test (never in the library).
+
+    * torch 2.13's CPU build has no kernel for ``torch.mm(..., out_dtype=)``, which Helion's
+      reference mode uses for every dot: upcast both operands instead (exact products,
+      accumulation in ``out_dtype``).
+    * The Triton interpreter does not implement ``libdevice.rsqrt``: route it to
+      ``tl.math.rsqrt``, which the interpreter does implement.
+    """
+    if MODE == "ref_mode":
+        mm = torch.mm
+
+        def mm_with_out_dtype(a, b, *args, out_dtype=None, **kwargs):
+            if out_dtype is not None and a.device.type == "cpu":
+                return mm(a.to(out_dtype), b.to(out_dtype), *args, **kwargs)
+            if out_dtype is not None:
+                kwargs["out_dtype"] = out_dtype
+            return mm(a, b, *args, **kwargs)
+
+        monkeypatch.setattr(torch, "mm", mm_with_out_dtype)
+    elif MODE == "triton_interpret":
+        import triton.language as tl
+        from triton.language.extra import libdevice
+
+        monkeypatch.setattr(libdevice, "rsqrt", lambda x, **kw: tl.math.rsqrt(x))
+
+
+@pytest.fixture
+def poisoned_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every float ``torch.empty`` (the kernels' output allocations) start as NaN.
+
+    Recycled memory can hold the right answer from an earlier run and hide an element the
+    kernel never writes; NaN cannot pass :func:`check_outputs`.
+    """
+    empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        t = empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() and t.device.type != "meta" else t
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_kernel_cache():
+    from helion_kernels import ops
+
+    ops.clear_cache()
+    yield
+    ops.clear_cache()
+
+
+@pytest.fixture
+def registry_dir(tmp_path, monkeypatch):
+    """An empty registry (and workload folder) in a temporary directory."""
+    (tmp_path / "workloads").mkdir()
+    monkeypatch.setenv("HELION_KERNELS_CONFIG_DIR", str(tmp_path))
+    return tmp_path
+
+
+@pytest.fixture
+def device() -> torch.device:
+    return torch.device("cuda" if MODE == "cuda" else "cpu")

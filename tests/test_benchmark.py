@@ -1,0 +1,29 @@
+"""Result files of the benchmark (the timing itself needs a GPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from helion_kernels.benchmark import write_results
+
+
+def test_write_results(tmp_path):
+    df = pd.DataFrame([
+        {"M": 65536, "K": 1024, "N": 512, "rmsnorm_matmul_ms": 0.11, "cublas_mm_ms": 0.1,
+         "helion_matmul_ms": 0.105, "inductor_norm_ms": 0.08, "saved_vs_helion_gemm_pct": 94.0,
+         "saved_vs_cublas_inductor_pct": 88.0, "byte_floor_ms": 0.03, "flop_floor_ms": 0.09},
+        {"M": 65536, "K": 256, "N": 256, "rmsnorm_matmul_ms": 0.03, "cublas_mm_ms": 0.024,
+         "helion_matmul_ms": 0.026, "inductor_norm_ms": 0.017, "saved_vs_helion_gemm_pct": 76.0,
+         "saved_vs_cublas_inductor_pct": 65.0, "byte_floor_ms": 0.016, "flop_floor_ms": 0.011},
+    ])
+    meta = {"gpu": "Some GPU", "command": "helion-kernels bench --kernel rmsnorm_matmul", "date": "2026-11-29",
+            "versions": {"torch": "2.11"}, "ceilings": {"copy_GBps": 4250.0, "bf16_TFLOPs": 744.0}, "timing": "graphs"}
+    paths = write_results(df, meta, tmp_path / "gpu", "stem")
+    assert [p.name for p in paths] == ["stem.csv", "stem.md", "stem.json", "stem.png"]
+    assert pd.read_csv(paths[0]).shape == (2, len(df.columns))
+    md = paths[1].read_text()
+    assert "# stem on Some GPU" in md and "`helion-kernels bench --kernel rmsnorm_matmul`" in md and "| 65536 |" in md
+    assert json.loads(paths[2].read_text())["gpu"] == "Some GPU"
+    assert paths[3].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,83 @@
+"""Smoke tests of the command line (CPU: no timings, no tuning)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import helion
+import pytest
+
+from helion_kernels import registry
+from helion_kernels.cli import main
+from helion_kernels.kernels.spec import Shape
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def workload_registry(registry_dir):
+    shutil.copy(REPO / "configs" / "workloads" / "prenorm_rmsnorm.csv", registry_dir / "workloads")
+    return registry_dir
+
+
+def test_list(capsys, workload_registry):
+    registry.save_entry("rmsnorm_matmul", "some_gpu_sm90",
+                        registry.Entry(Shape(65536, 256, 256), "bfloat16", helion.Config(block_sizes=[64, 64, 64])))
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "rmsnorm_matmul" in out and "prenorm_rmsnorm  30 rows" in out
+    assert "some_gpu_sm90" in out and "1 shapes" in out
+
+
+@pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
+def test_bench_without_gpu_checks_configs(capsys, workload_registry):
+    cfg = helion.Config(block_sizes=[64, 128, 64], num_warps=8, num_stages=3)
+    registry.save_entry("rmsnorm_matmul", "some_gpu_sm90",
+                        registry.Entry(Shape(65536, 256, 256), "bfloat16", cfg, {"latency_ms": 0.02}))
+    rc = main(["bench", "--kernel", "rmsnorm_matmul", "--workload", "prenorm_rmsnorm",
+               "--where", "M == 65536 and K == 256"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "No CUDA GPU found: timings need a CUDA GPU" in out
+    assert "exact" in out and "nearest 65536x256x256" in out
+    assert "3 of 3 configs compile" in out
+
+
+@pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
+def test_bench_reports_a_config_that_does_not_compile(capsys, workload_registry):
+    bad = helion.Config(block_sizes=[64])  # wrong number of block sizes for this kernel
+    registry.save_entry("matmul", "g_sm90", registry.Entry(Shape(65536, 256, 256), "bfloat16", bad))
+    rc = main(["bench", "--kernel", "matmul", "--workload", "prenorm_rmsnorm", "--where", "M == 65536 and K == 256 and N == 256"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "FAILED" in out and "0 of 1 configs compile" in out
+
+
+@pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
+def test_autotune_needs_a_gpu(capsys):
+    assert main(["autotune", "--kernel", "rmsnorm_matmul", "--shape", "64,64,64"]) == 2
+    assert "autotuning times kernels on a CUDA GPU and none was found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["bench", "--kernel", "matmul", "--workload", "nope"], "unknown workload 'nope'"),
+    (["bench", "--kernel", "matmul", "--workload", "prenorm_rmsnorm", "--where", "M >"], "bad --where"),
+])
+def test_errors_are_one_line(capsys, argv, message, workload_registry):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("helion-kernels bench: error:") and message in err
+
+
+def test_unknown_kernel_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--kernel", "nope", "--workload", "x"])
+    assert exc.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point():
+    out = subprocess.run([sys.executable, "-m", "helion_kernels", "list"], capture_output=True, text=True,
+                         check=True, timeout=300).stdout
+    assert "kernels:" in out and "rmsnorm_matmul" in out

@@ -1,0 +1,125 @@
+"""The config registry: round trip, atomic writes, corrupt files, lookup rules."""
+
+from __future__ import annotations
+
+import json
+
+import helion
+import pytest
+import torch
+
+from helion_kernels import registry
+from helion_kernels.kernels.spec import Shape
+from helion_kernels.registry import ConfigFallbackWarning, Entry, RegistryError
+
+CFG_A = helion.Config(block_sizes=[64, 128, 64], num_warps=8, num_stages=3)
+CFG_B = helion.Config(block_sizes=[128, 64, 32], num_warps=4, num_stages=4, indexing="tensor_descriptor")
+DEFAULT = helion.Config(block_sizes=[16, 16, 16])
+
+
+def _entry(m, k, n, cfg=CFG_A, dtype="bfloat16", **meta):
+    return Entry(Shape(m, k, n), dtype, cfg, meta)
+
+
+def test_round_trip_keeps_config_and_meta(registry_dir):
+    e = _entry(65536, 1024, 512, CFG_B, latency_ms=0.25, versions={"helion": "1.5.0"})
+    path = registry.save_entry("k", "gpu_x", e, gpu_name="GPU X")
+    assert path == registry_dir / "gpu_x" / "k.json"
+    loaded = registry.load_entries(path)[(65536, 1024, 512, "bfloat16")]
+    assert loaded.config == CFG_B
+    assert loaded.meta == {"latency_ms": 0.25, "versions": {"helion": "1.5.0"}}
+    assert json.loads(path.read_text())["gpu"] == "GPU X"
+
+
+def test_save_adds_and_replaces_without_losing_entries(registry_dir):
+    registry.save_entry("k", "g", _entry(1, 2, 3))
+    registry.save_entry("k", "g", _entry(4, 5, 6))
+    registry.save_entry("k", "g", _entry(1, 2, 3, CFG_B))
+    entries = registry.entries_for("k", "g")
+    assert set(entries) == {(1, 2, 3, "bfloat16"), (4, 5, 6, "bfloat16")}
+    assert entries[(1, 2, 3, "bfloat16")].config == CFG_B
+    assert not list((registry_dir / "g").glob("*.tmp")), "temporary files left behind"
+
+
+@pytest.mark.parametrize("content", ["", '{"format": 1, "entries": [{"M": 1', "[]", '{"format": 99, "entries": []}',
+                                     '{"format": 1, "entries": [{"M": 1, "K": 2}]}'],
+                         ids=["empty", "truncated", "not_object", "other_format", "entry_missing_fields"])
+def test_corrupt_file_raises_naming_it_and_is_never_overwritten(registry_dir, content):
+    registry.save_entry("k", "g", _entry(1, 2, 3))
+    path = registry_dir / "g" / "k.json"
+    path.write_text(content)
+    with pytest.raises(RegistryError, match=f"registry file {path} is corrupt"):
+        registry.entries_for("k", "g")
+    with pytest.raises(RegistryError):
+        registry.save_entry("k", "g", _entry(7, 8, 9))
+    assert path.read_text() == content
+
+
+def test_corrupt_file_of_one_kernel_leaves_others_usable(registry_dir):
+    registry.save_entry("good", "g", _entry(1, 2, 3))
+    (registry_dir / "g" / "bad.json").write_text("{")
+    assert (1, 2, 3, "bfloat16") in registry.entries_for("good", "g")
+
+
+def test_failed_write_keeps_previous_file(registry_dir, monkeypatch):
+    registry.save_entry("k", "g", _entry(1, 2, 3))
+    before = (registry_dir / "g" / "k.json").read_text()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(registry.os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        registry.save_entry("k", "g", _entry(4, 5, 6))
+    assert (registry_dir / "g" / "k.json").read_text() == before
+    assert not list((registry_dir / "g").glob("*.tmp"))
+
+
+def test_nearest_rule(registry_dir):
+    for shape in [(65536, 1024, 1024), (65536, 256, 256), (524288, 1024, 1024)]:
+        registry.save_entry("k", "g", _entry(*shape))
+    registry.save_entry("k", "g", _entry(65536, 512, 512, CFG_B, dtype="float16"))
+    entries = registry.entries_for("k", "g")
+    # Same dtype wins over an exact shape of another dtype; 256^2 and 1024^2 tie at
+    # distance 2, and the tie goes to the larger.
+    assert registry.nearest_entry(entries, Shape(65536, 512, 512), "bfloat16").shape == Shape(65536, 1024, 1024)
+    assert registry.nearest_entry(entries, Shape(262144, 1024, 1024), "bfloat16").shape == Shape(524288, 1024, 1024)
+    # No entry of the dtype: any dtype.
+    assert registry.nearest_entry(entries, Shape(65536, 512, 512), "float32").dtype == "float16"
+    assert registry.nearest_entry({}, Shape(1, 1, 1), "bfloat16") is None
+
+
+def test_tie_goes_to_larger_shape():
+    entries = {e.key: e for e in (_entry(65536, 1024, 1024), _entry(262144, 1024, 1024))}
+    assert registry.nearest_entry(entries, Shape(131072, 1024, 1024), "bfloat16").shape.M == 262144
+
+
+def test_resolve_exact_nearest_default(registry_dir):
+    registry.save_entry("k", "g", _entry(64, 64, 64, CFG_B))
+    exact = registry.resolve("k", DEFAULT, Shape(64, 64, 64), torch.bfloat16, "g")
+    assert (exact.source, exact.config) == ("exact", CFG_B)
+    with pytest.warns(ConfigFallbackWarning, match="using the one tuned for 64x64x64 bfloat16"):
+        near = registry.resolve("k", DEFAULT, Shape(128, 64, 64), torch.bfloat16, "g")
+    assert (near.source, near.config) == ("nearest", CFG_B)
+    with pytest.warns(ConfigFallbackWarning, match="no config for other_gpu.*helion-kernels autotune"):
+        default = registry.resolve("k", DEFAULT, Shape(128, 64, 64), torch.bfloat16, "other_gpu")
+    assert (default.source, default.config) == ("default", DEFAULT)
+
+
+def test_gpu_key(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert registry.gpu_key("cuda") == "nvidia_h200_sm90"
+    assert registry.gpu_key("cpu") == "cpu"
+
+
+def test_committed_registry_files_are_valid():
+    """Every committed registry file loads, and its configs are Helion configs."""
+    import os
+
+    os.environ.pop("HELION_KERNELS_CONFIG_DIR", None)
+    for gpu in registry.known_gpus():
+        for path in (registry.config_dir() / gpu).glob("*.json"):
+            for entry in registry.load_entries(path).values():
+                assert entry.config.block_sizes, f"{path}: {entry.key} has no block sizes"
+                assert entry.meta["latency_ms"] > 0 and entry.meta["rel_error"] < 3e-2
