@@ -50,9 +50,11 @@ def rmsnorm_matmul_kernel(
         acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
         sum_sq = hl.zeros([tile_m], dtype=torch.float32)
         for tile_k in hl.tile(k):
-            a_tile = a[tile_m, tile_k]
-            acc = torch.addmm(acc, a_tile, b[tile_k, tile_n])
-            a32 = a_tile.to(torch.float32)
+            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+            # A second load of the same tile (an L1/L2 hit) feeds the sum of squares, so the
+            # MMA operand is used by the MMA alone: with one load shared by both, Triton 3.6
+            # on Hopper (sm_90) produced wrong results for many of the fastest tilings.
+            a32 = hl.load(a, [tile_m, tile_k], eviction_policy="evict_last").to(torch.float32)
             sum_sq = sum_sq + torch.sum(a32 * a32, dim=1)
         row_rstd = torch.rsqrt(sum_sq / k + eps)
         c[tile_m, tile_n] = (acc * row_rstd[:, None]).to(c.dtype)
