@@ -49,6 +49,7 @@ def bench_shape(
     if spec.gemm_twin is not None:
         twin = get_spec(spec.gemm_twin)
         times[f"helion_{twin.name}"] = time_ms([lambda a=a: ops.run(twin, a[:2]) for a in arg_sets])
+        row[f"helion_{twin.name}_config"] = ops.resolved_config(twin, arg_sets[0][:2]).source
     baseline_sets = [spec.baselines(*a) for a in arg_sets]
     for name in baseline_sets[0]:
         times[name] = time_ms([b[name] for b in baseline_sets])
