@@ -148,6 +148,8 @@ def plot(df: pd.DataFrame, meta: dict, path: Path) -> None:
     rel.index = labels
     rel.plot.bar(ax=axes[0, 0], width=0.85)
     axes[0, 0].axhline(1.0, color="k", lw=0.8, ls="--")
+    axes[0, 0].set_ylim(0, rel.to_numpy().max() * 1.35)  # headroom for the legend
+    axes[0, 0].legend(ncol=4, fontsize=8, loc="upper left")
     axes[0, 0].set_ylabel("latency / cuBLAS a@b")
     axes[0, 0].set_title(f"{meta['gpu']}: latency relative to cuBLAS GEMM (lower is better)")
     if saved_cols:
