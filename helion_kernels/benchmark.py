@@ -5,7 +5,8 @@ Per shape (CUDA-graph replay, median, input sets rotated past the L2 cache): cuB
 Liger when installed), cuBLAS + norm, and the fused kernel. Reported: latency saved as a
 percentage of the inductor norm's latency (the blog's metric, against the Helion GEMM;
 and against cuBLAS + inductor norm), speed-up over the best unfused pipeline, relative
-error against the fp32 reference, and distance to the byte and FLOP floors at the
+error against the fp32 reference (and whether repeated runs agree bit for bit; a failed
+check is recorded in the row's ``check`` column), and distance to the byte and FLOP floors at the
 ceilings measured in the same run. Results go to ``bench/results/<gpu>/`` as CSV,
 markdown and PNG.
 """
@@ -27,7 +28,7 @@ from .kernels import get_spec
 from .kernels.spec import KernelSpec, Shape
 from .timing import Ceilings, input_copies, measure_ceilings, time_ms
 from .tuning import versions
-from .verify import check_outputs
+from .verify import VerificationError, check_deterministic, check_outputs
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
 
@@ -42,8 +43,13 @@ def bench_shape(
     row: dict = {"M": shape.M, "K": shape.K, "N": shape.N, "dtype": registry.dtype_name(dtype)}
 
     row["config"] = ops.resolved_config(spec, arg_sets[0]).source
-    outputs = ops.run(spec, arg_sets[0])
-    row["rel_error"] = check_outputs(outputs, spec.reference(*arg_sets[0]), dtype)
+    try:  # a wrong kernel is reported in its row, and the other rows still run
+        row["rel_error"] = check_outputs(ops.run(spec, arg_sets[0]), spec.reference(*arg_sets[0]), dtype)
+        check_deterministic(lambda: ops.run(spec, arg_sets[0]))
+        row["check"] = "ok"
+    except VerificationError as err:
+        row["rel_error"] = float("inf")
+        row["check"] = f"FAILED: {err}"
 
     times = {spec.name: time_ms([lambda a=a: ops.run(spec, a) for a in arg_sets])}
     if spec.gemm_twin is not None:

@@ -20,7 +20,7 @@ from .kernels import SPECS, get_spec
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 AUTOTUNE_CACHE = Path(__file__).resolve().parent.parent / "autotune_cache"
 SUMMARY_COLUMNS = [
-    "M", "K", "N", "config", "{kernel}_ms", "cublas_mm_ms", "helion_matmul_ms", "inductor_norm_ms",
+    "M", "K", "N", "config", "check", "{kernel}_ms", "cublas_mm_ms", "helion_matmul_ms", "inductor_norm_ms",
     "cublas+inductor_norm_ms", "cublas+liger_norm_ms", "saved_vs_helion_gemm_pct",
     "saved_vs_cublas_inductor_pct", "speedup_vs_best_unfused", "fused_over_floor", "rel_error",
 ]
@@ -116,7 +116,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     cols = [c.format(kernel=spec.name) for c in SUMMARY_COLUMNS]
     print(df[[c for c in cols if c in df.columns]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     print("\nwrote " + ", ".join(str(p) for p in paths))
-    return 0
+    failed = df[df["check"] != "ok"]
+    for row in failed.itertuples():
+        print(f"WRONG RESULTS at {row.M}x{row.K}x{row.N}: {row.check}", file=sys.stderr)
+    return 1 if len(failed) else 0
 
 
 def _cmd_list(args: argparse.Namespace) -> int:

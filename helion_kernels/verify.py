@@ -77,3 +77,29 @@ def check_outputs(
             )
         worst = max(worst, relative_error(out, r))
     return worst
+
+
+def check_deterministic(run, repeats: int = 4) -> None:
+    """Run ``run()`` ``1 + repeats`` times on the same inputs; every result must be bitwise equal.
+
+    The kernels here have no atomics or split reductions, so a fixed config must give the
+    same bits every time: a difference means a race (seen on Hopper with Triton 3.6 for
+    some tilings of the fused kernel, see bench/NOTES.md), which a single reference
+    check on one draw can miss.
+
+    Raises:
+        VerificationError: naming how many elements changed between runs.
+    """
+    first = run()
+    firsts = first if isinstance(first, (tuple, list)) else (first,)
+    firsts = [t.clone() for t in firsts]
+    for rep in range(repeats):
+        again = run()
+        agains = again if isinstance(again, (tuple, list)) else (again,)
+        for i, (x, y) in enumerate(zip(firsts, agains)):
+            if not torch.equal(x, y):
+                changed = (x != y).sum().item()
+                raise VerificationError(
+                    f"output {i}: {changed} elements changed between identical runs "
+                    f"(run {rep + 2}): the kernel is nondeterministic with this config"
+                )

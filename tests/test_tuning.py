@@ -37,3 +37,35 @@ def test_a_failing_shape_does_not_stop_the_sweep(monkeypatch):
 
 def test_versions_name_what_decides_speed():
     assert set(tuning.versions()) == {"torch", "cuda", "triton", "helion"}
+
+
+class _FakeBound:
+    """Stands in for a compiled kernel: returns the reference, optionally spoiled."""
+
+    def __init__(self, spec, spoil_call: int | None = None):
+        self.spec, self.calls, self.spoil_call = spec, 0, spoil_call
+
+    def __call__(self, *args):
+        self.calls += 1
+        (out,) = self.spec.reference(*args)
+        if self.calls == self.spoil_call:
+            out = out.clone()
+            out[0, 0] += 1.0
+        return out.to(args[0].dtype)
+
+
+def test_verify_config_accepts_a_correct_kernel():
+    spec = get_spec("matmul")
+    err = tuning.verify_config(_FakeBound(spec), spec, Shape(16, 32, 8), torch.float32, torch.device("cpu"), seed=1)
+    assert 0 <= err < 1e-6
+
+
+@pytest.mark.parametrize("spoil_call,match", [(2, "changed between identical runs"), (7, "elements off by more")],
+                         ids=["nondeterministic", "wrong_on_a_later_draw"])
+def test_verify_config_rejects(spoil_call, match):
+    from helion_kernels.verify import VerificationError
+
+    spec = get_spec("matmul")
+    with pytest.raises(VerificationError, match=match):
+        tuning.verify_config(_FakeBound(spec, spoil_call), spec, Shape(16, 32, 8), torch.float32,
+                             torch.device("cpu"), seed=1)

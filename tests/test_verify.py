@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helion_kernels.verify import VerificationError, check_outputs, relative_error
+from helion_kernels.verify import VerificationError, check_deterministic, check_outputs, relative_error
 
 
 def _ref(n=4096):
@@ -39,3 +39,21 @@ def test_shape_and_count_mismatch():
         check_outputs(torch.zeros(3), torch.zeros(4), torch.float32)
     with pytest.raises(VerificationError, match="2 outputs but 1"):
         check_outputs((torch.zeros(3), torch.zeros(3)), torch.zeros(3), torch.float32)
+
+
+def test_deterministic_run_passes():
+    out = torch.randn(64)
+    check_deterministic(lambda: (out * 2, out + 1))
+
+
+def test_nondeterminism_is_caught():
+    calls = iter(range(100))
+
+    def racy():
+        t = torch.zeros(32)
+        if next(calls) == 3:  # the fourth run differs in one element
+            t[5] = 1e-3
+        return t
+
+    with pytest.raises(VerificationError, match="1 elements changed between identical runs"):
+        check_deterministic(racy)
