@@ -67,15 +67,16 @@ def _shapes(args: argparse.Namespace) -> list:
 def _cmd_autotune(args: argparse.Namespace) -> int:
     from .tuning import TuneOptions, tune_shapes
 
+    spec = get_spec(args.kernel)
+    options = TuneOptions(effort=args.effort, budget_seconds=args.budget_seconds,
+                          force=args.force, seed=args.seed)
+    shapes = _shapes(args)
     if not torch.cuda.is_available():
         print("helion-kernels autotune: autotuning times kernels on a CUDA GPU and none was found.",
               file=sys.stderr)
         return 2
     os.environ.setdefault("HELION_CACHE_DIR", str(AUTOTUNE_CACHE))
-    spec = get_spec(args.kernel)
-    options = TuneOptions(effort=args.effort, budget_seconds=args.budget_seconds,
-                          force=args.force, seed=args.seed)
-    results = tune_shapes(spec, _shapes(args), DTYPES[args.dtype], options, torch.device("cuda"))
+    results = tune_shapes(spec, shapes, DTYPES[args.dtype], options, torch.device("cuda"))
     counts = {s: sum(r.status == s for r in results) for s in ("tuned", "skipped", "failed")}
     path = registry.registry_path(spec.name, registry.gpu_key("cuda"))
     print(f"{counts['tuned']} tuned, {counts['skipped']} skipped, {counts['failed']} failed; registry: {path}")
@@ -102,10 +103,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         report = cpu_report(spec, shapes, dtype)
         print(report.to_string(index=False))
         for gpu in registry.known_gpus():
-            committed = RESULTS_DIR / gpu / f"{_stem(args)}.md"
-            if committed.is_file():
-                print(f"\nCommitted results measured on {gpu} ({committed}):\n")
-                print(committed.read_text())
+            # this exact selection if it was benchmarked, else any benchmark of the workload
+            committed = [RESULTS_DIR / gpu / f"{_stem(args)}.md"]
+            if not committed[0].is_file():
+                committed = sorted((RESULTS_DIR / gpu).glob(f"{spec.name}_{args.workload}*.md"))
+            for path in committed:
+                print(f"\nCommitted results measured on {gpu} ({path}):\n")
+                print(path.read_text())
         failed = report["triton_codegen"].str.startswith("FAILED").sum()
         print(f"\n{len(report) - failed} of {len(report)} configs compile. "
               "Numerical CPU checks: see the README's test command.")

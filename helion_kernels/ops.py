@@ -45,11 +45,14 @@ def _check_device(op: str, *tensors: torch.Tensor) -> None:
     if len(devices) != 1:
         raise ValueError(f"{op}: all tensors must be on one device, got {sorted(map(str, devices))}")
     (device,) = devices
+    if device.type == "meta":
+        raise ValueError(f"{op}: meta tensors hold no data; pass CUDA tensors")
     if device.type != "cuda" and interpret_mode() is None:
         raise ValueError(
-            f"{op}: needs CUDA tensors, got {device.type}. CPU tensors are accepted only in "
-            "Helion's reference mode (HELION_INTERPRET=1) or under TRITON_INTERPRET=1, the "
-            "modes the CPU test suite runs in (see the README's test command)."
+            f"{op}: needs CUDA tensors, got {device.type}. CPU tensors are accepted only "
+            "under HELION_INTERPRET=1 or TRITON_INTERPRET=1, which the CPU test suite uses "
+            "together with two small patches for gaps of torch's CPU build and of the Triton "
+            "interpreter (tests/conftest.py)."
         )
 
 
@@ -193,7 +196,7 @@ def rmsnorm_matmul(
         if not weight.is_floating_point():
             raise TypeError(f"{op}: weight must be floating point, got {weight.dtype}")
         _check_device(op, a, weight)
-    if not isinstance(eps, Real) or not eps >= 0 or eps == float("inf"):
+    if isinstance(eps, bool) or not isinstance(eps, Real) or not eps >= 0 or eps == float("inf"):
         raise ValueError(f"{op}: eps must be a finite number >= 0, got {eps!r}")
     _check_no_grad(op, a, b, weight)
     m, n = a.shape[0], b.shape[1]

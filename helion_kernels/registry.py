@@ -75,8 +75,11 @@ class Entry:
     @classmethod
     def from_json(cls, obj: dict) -> "Entry":
         meta = {k: v for k, v in obj.items() if k not in ("M", "K", "N", "dtype", "config")}
+        shape = Shape(int(obj["M"]), int(obj["K"]), int(obj["N"]))
+        if min(shape) <= 0:
+            raise ValueError(f"entry {shape}: M, K and N must be positive")
         return cls(
-            shape=Shape(int(obj["M"]), int(obj["K"]), int(obj["N"])),
+            shape=shape,
             dtype=str(obj["dtype"]),
             config=helion.Config.from_json(json.dumps(obj["config"])),
             meta=meta,
@@ -133,19 +136,19 @@ def load_entries(path: Path) -> dict[tuple, Entry]:
         RegistryError: the file exists but is not a complete registry file.
     """
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         return {}
     try:
-        doc = json.loads(text)
+        doc = json.loads(raw.decode("utf-8"))
         if doc.get("format") != FORMAT_VERSION:
             raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT_VERSION}")
         entries = [Entry.from_json(obj) for obj in doc["entries"]]
-    except (ValueError, KeyError, TypeError, AttributeError) as err:
+    except (ValueError, KeyError, TypeError, AttributeError) as err:  # UnicodeDecodeError too
         raise RegistryError(
             f"registry file {path} is corrupt or incomplete ({type(err).__name__}: {err}). "
-            "It was left untouched; fix it or remove it (git checkout restores the "
-            "committed version)."
+            "It was left untouched; fix or remove it (for a committed registry, "
+            "`git checkout` restores the committed version)."
         ) from err
     return {e.key: e for e in entries}
 
@@ -175,11 +178,36 @@ def save_entry(kernel: str, gpu: str, entry: Entry, gpu_name: str | None = None)
     Raises:
         RegistryError: the existing file is corrupt; nothing is written.
     """
+
+    def insert(entries: dict[tuple, Entry]) -> None:
+        entries[entry.key] = entry
+
+    return _update(kernel, gpu, insert, gpu_name)
+
+
+def remove_entry(kernel: str, gpu: str, key: tuple[int, int, int, str]) -> Path:
+    """Drop the entry of ``key`` = (M, K, N, dtype), e.g. a config found to give wrong results.
+
+    Raises:
+        KeyError: no such entry.
+        RegistryError: the existing file is corrupt; nothing is written.
+    """
+
+    def drop(entries: dict[tuple, Entry]) -> None:
+        del entries[key]
+
+    return _update(kernel, gpu, drop, None)
+
+
+def _update(kernel: str, gpu: str, change, gpu_name: str | None) -> Path:
+    """Read, change and atomically rewrite one registry file under its lock."""
     path = registry_path(kernel, gpu)
     path.parent.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(path) + ".lock"):
         entries = load_entries(path)
-        entries[entry.key] = entry
+        if gpu_name is None and entries:
+            gpu_name = json.loads(path.read_text()).get("gpu")
+        change(entries)
         doc = {
             "format": FORMAT_VERSION,
             "kernel": kernel,

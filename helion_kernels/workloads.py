@@ -44,9 +44,14 @@ def load_workload(name: str, where: str | None = None) -> pd.DataFrame:
     df = df.astype({c: "int64" for c in COLUMNS})
     if where:
         try:
-            df = df.query(where)
+            mask = df.eval(where)
         except Exception as err:  # pandas raises many types for a bad expression
             raise ValueError(f"bad --where expression {where!r}: {err}") from err
+        if not (isinstance(mask, pd.Series) and mask.dtype == bool):
+            raise ValueError(f"bad --where expression {where!r}: it must be a condition, e.g. 'M == 65536'")
+        df = df[mask]
+        if df.empty:
+            raise ValueError(f"--where {where!r} selects no row of workload {name!r}")
     return df.reset_index(drop=True)
 
 

@@ -47,6 +47,24 @@ def test_bench_without_gpu_checks_configs(capsys, workload_registry):
 
 
 @pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
+def test_bench_without_gpu_on_the_committed_registry(capsys):
+    """The README's main job on a CPU machine: every committed config compiles for its
+    shape, and the committed GPU results are printed."""
+    gpus = registry.known_gpus()
+    assert "nvidia_h200_sm90" in gpus
+    n = 10 * len(gpus)
+    for kernel in ("rmsnorm_matmul", "matmul"):
+        rc = main(["bench", "--kernel", kernel, "--workload", "prenorm_rmsnorm", "--where", "M == 65536"])
+        out = capsys.readouterr().out
+        assert rc == 0, out
+        assert f"{n} of {n} configs compile" in out
+        assert "FAILED" not in out
+    rc = main(["bench", "--kernel", "rmsnorm_matmul", "--workload", "prenorm_rmsnorm", "--where", "M == 524288 and K == 256"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "Committed results measured on nvidia_h200_sm90" in out and "rmsnorm_matmul_prenorm_rmsnorm_M_65536.md" in out
+
+
+@pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
 def test_bench_reports_a_config_that_does_not_compile(capsys, workload_registry):
     bad = helion.Config(block_sizes=[64])  # wrong number of block sizes for this kernel
     registry.save_entry("matmul", "g_sm90", registry.Entry(Shape(65536, 256, 256), "bfloat16", bad))

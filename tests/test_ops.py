@@ -66,7 +66,7 @@ class TestGemmOperands:
     def test_cpu_tensors_outside_interpret_modes(self, op, monkeypatch):
         monkeypatch.delenv("HELION_INTERPRET", raising=False)
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-        with pytest.raises(ValueError, match="needs CUDA tensors, got cpu. CPU tensors are accepted only in Helion's reference mode"):
+        with pytest.raises(ValueError, match="needs CUDA tensors, got cpu. CPU tensors are accepted only under HELION_INTERPRET=1"):
             op(*_ab())
 
     def test_requires_grad(self, op):
@@ -91,7 +91,7 @@ def test_weight_not_tensor():
         rmsnorm_matmul(*_ab(), weight=[1.0] * 16)
 
 
-@pytest.mark.parametrize("eps", [-1e-5, float("nan"), float("inf"), "1e-5"])
+@pytest.mark.parametrize("eps", [-1e-5, float("nan"), float("inf"), "1e-5", True])
 def test_bad_eps(eps):
     with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
         rmsnorm_matmul(*_ab(), eps=eps)
@@ -106,3 +106,9 @@ def test_devices_must_match(monkeypatch):
     a, b = _ab()
     with pytest.raises(ValueError, match="all tensors must be on one device"):
         rmsnorm_matmul(a, b.to("meta"))
+
+
+def test_meta_tensors_are_refused():
+    a, b = _ab()
+    with pytest.raises(ValueError, match="meta tensors hold no data"):
+        rmsnorm_matmul(a.to("meta"), b.to("meta"))

@@ -123,3 +123,24 @@ def test_committed_registry_files_are_valid():
             for entry in registry.load_entries(path).values():
                 assert entry.config.block_sizes, f"{path}: {entry.key} has no block sizes"
                 assert entry.meta["latency_ms"] > 0 and entry.meta["rel_error"] < 3e-2
+
+
+def test_remove_entry_keeps_the_rest_and_the_gpu_name(registry_dir):
+    registry.save_entry("k", "g", _entry(1, 2, 3), gpu_name="GPU G")
+    registry.save_entry("k", "g", _entry(4, 5, 6))
+    registry.remove_entry("k", "g", (1, 2, 3, "bfloat16"))
+    assert set(registry.entries_for("k", "g")) == {(4, 5, 6, "bfloat16")}
+    assert json.loads((registry_dir / "g" / "k.json").read_text())["gpu"] == "GPU G"
+    with pytest.raises(KeyError):
+        registry.remove_entry("k", "g", (1, 2, 3, "bfloat16"))
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe garbage", b'{"format": 1, "entries": [{"M": 0, "K": 2, "N": 3, '
+                                     b'"dtype": "bfloat16", "config": {"block_sizes": [16]}}]}'],
+                         ids=["not_utf8", "zero_M"])
+def test_more_corrupt_files(registry_dir, content):
+    path = registry_dir / "g" / "k.json"
+    path.parent.mkdir()
+    path.write_bytes(content)
+    with pytest.raises(RegistryError, match=f"registry file {path} is corrupt"):
+        registry.entries_for("k", "g")

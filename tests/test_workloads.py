@@ -19,9 +19,11 @@ def test_unknown_workload_lists_known():
         workloads.load_workload("nope")
 
 
-def test_bad_where():
-    with pytest.raises(ValueError, match="bad --where expression"):
-        workloads.load_workload("prenorm_rmsnorm", "Q === 3")
+@pytest.mark.parametrize("where,message", [("Q === 3", "bad --where expression"), ("M", "must be a condition"),
+                                           ("M == 3", "selects no row of workload 'prenorm_rmsnorm'")])
+def test_bad_where(where, message):
+    with pytest.raises(ValueError, match=message):
+        workloads.load_workload("prenorm_rmsnorm", where)
 
 
 @pytest.mark.parametrize("text,bad", [("M,K,N\n1,2\n", "positive"), ("M,K\n1,2\n", "missing column"),

@@ -110,16 +110,18 @@ def reference_dtype(dtype: torch.dtype) -> torch.dtype:
 
 # Hopper-friendly GEMM tilings that seed every search (each is checked for legality by
 # Helion at the shape; a seed that does not compile is simply dropped by the autotuner).
+SEED_TMA_PERSISTENT_128x128 = helion.Config(
+    block_sizes=[128, 128, 64], num_warps=8, num_stages=3, indexing="tensor_descriptor",
+    pid_type="persistent_interleaved", l2_groupings=[8])
+SEED_TMA_FLAT_128x256 = helion.Config(
+    block_sizes=[128, 256, 64], num_warps=8, num_stages=3, indexing="tensor_descriptor",
+    l2_groupings=[8])
+SEED_POINTER_128x128 = helion.Config(
+    block_sizes=[128, 128, 64], num_warps=4, num_stages=4, indexing="pointer", l2_groupings=[8])
+SEED_POINTER_64x128 = helion.Config(
+    block_sizes=[64, 128, 64], num_warps=4, num_stages=4, indexing="pointer", l2_groupings=[4])
 GEMM_SEED_CONFIGS: tuple[helion.Config, ...] = (
-    helion.Config(block_sizes=[128, 128, 64], num_warps=8, num_stages=3,
-                  indexing="tensor_descriptor", pid_type="persistent_interleaved",
-                  l2_groupings=[8]),
-    helion.Config(block_sizes=[128, 256, 64], num_warps=8, num_stages=3,
-                  indexing="tensor_descriptor", l2_groupings=[8]),
-    helion.Config(block_sizes=[128, 128, 64], num_warps=4, num_stages=4,
-                  indexing="pointer", l2_groupings=[8]),
-    helion.Config(block_sizes=[64, 128, 64], num_warps=4, num_stages=4,
-                  indexing="pointer", l2_groupings=[4]),
+    SEED_TMA_PERSISTENT_128x128, SEED_TMA_FLAT_128x256, SEED_POINTER_128x128, SEED_POINTER_64x128,
 )
 
 # A small, conservative tiling that compiles for any shape on any CUDA GPU.
