@@ -77,8 +77,8 @@ def tune_shape(
     """Tune ``spec`` at ``shape``/``dtype`` on ``device`` and save the verified config.
 
     Raises:
-        VerificationError: the winning config fails the fp32 reference check on fresh
-            inputs (nothing is saved).
+        VerificationError: the winning config fails :func:`verify_config` (a fresh draw
+            off the fp32 reference, or repeated runs that differ); nothing is saved.
     """
     if device.type != "cuda":
         raise ValueError(f"autotuning needs a CUDA device, got {device}")
