@@ -6,8 +6,8 @@ Liger when installed), cuBLAS + norm, and the fused kernel. Reported: latency sa
 percentage of the inductor norm's latency (the blog's metric, against the Helion GEMM;
 and against cuBLAS + inductor norm), speed-up over the best unfused pipeline, relative
 error against the fp32 reference (and whether repeated runs agree bit for bit; a failed
-check is recorded in the row's ``check`` column), and distance to the byte and FLOP floors at the
-ceilings measured in the same run. Results go to ``bench/results/<gpu>/`` as CSV,
+check is recorded in the row's ``check`` column), and distance to the byte and FLOP
+floors at the ceilings measured in the same run. Results go to ``bench/results/<gpu>/`` as CSV,
 markdown and PNG.
 """
 
@@ -27,8 +27,8 @@ from . import ops, registry
 from .kernels import get_spec
 from .kernels.spec import KernelSpec, Shape
 from .timing import Ceilings, input_copies, measure_ceilings, time_ms
-from .tuning import verify_config, versions
-from .verify import VerificationError
+from .tuning import versions
+from .verify import VerificationError, verify_config
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
 

@@ -135,10 +135,15 @@ def load_entries(path: Path) -> dict[tuple, Entry]:
     Raises:
         RegistryError: the file exists but is not a complete registry file.
     """
+    return _load(path)[1]
+
+
+def _load(path: Path) -> tuple[dict, dict[tuple, Entry]]:
+    """The parsed file (``{}`` if absent) and its entries; RegistryError if corrupt."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return {}
+        return {}, {}
     try:
         doc = json.loads(raw.decode("utf-8"))
         if doc.get("format") != FORMAT_VERSION:
@@ -150,7 +155,7 @@ def load_entries(path: Path) -> dict[tuple, Entry]:
             "It was left untouched; fix or remove it (for a committed registry, "
             "`git checkout` restores the committed version)."
         ) from err
-    return {e.key: e for e in entries}
+    return doc, {e.key: e for e in entries}
 
 
 # In-process cache of parsed files, invalidated by modification time and size.
@@ -204,9 +209,8 @@ def _update(kernel: str, gpu: str, change, gpu_name: str | None) -> Path:
     path = registry_path(kernel, gpu)
     path.parent.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(path) + ".lock"):
-        entries = load_entries(path)
-        if gpu_name is None and entries:
-            gpu_name = json.loads(path.read_text()).get("gpu")
+        old_doc, entries = _load(path)
+        gpu_name = gpu_name or old_doc.get("gpu")
         change(entries)
         doc = {
             "format": FORMAT_VERSION,

@@ -3,10 +3,11 @@
 Per shape: Helion's autotuner (``autotune_effort`` and ``autotune_budget_seconds`` bound
 the time; the search is seeded with the nearest registered shape's config and the spec's
 hand-picked tilings; every candidate is checked against the fp32 reference), then the
-winning config is checked again (:func:`verify_config`: several fresh random draws, and
-bitwise-identical repeated runs), timed by CUDA-graph replay, and written to the registry. Helion's own cache (``HELION_CACHE_DIR``, the repository's
-``autotune_cache/`` when run from the CLI) makes an interrupted sweep resume cheaply;
-shapes already in the registry are skipped unless ``force``.
+winning config is checked again (:func:`~.verify.verify_config`: several fresh random
+draws, and bitwise-identical repeated runs), timed by CUDA-graph replay, and written to the
+registry. Helion's own cache (``HELION_CACHE_DIR``, the repository's ``autotune_cache/``
+when run from the CLI) makes an interrupted sweep resume cheaply; shapes already in the
+registry are skipped unless ``force``.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ import torch
 from . import registry
 from .kernels.spec import KernelSpec, Shape
 from .timing import time_ms
-from .verify import check_deterministic, check_outputs
+from .verify import check_outputs, verify_config
 
 EFFORTS = ("quick", "full")
-VERIFY_DRAWS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,27 +131,6 @@ def tune_shape(
         shape, "tuned", time.perf_counter() - t0,
         f"{latency:.4f} ms, rel. error {rel_error:.2e}, tuned in {tune_seconds:.0f} s", entry,
     )
-
-
-def verify_config(
-    bound, spec: KernelSpec, shape: Shape, dtype: torch.dtype, device: torch.device,
-    seed: int, draws: int = VERIFY_DRAWS,
-) -> float:
-    """Check a compiled config before it is saved; return its largest relative error.
-
-    ``draws`` fresh random inputs (seeds ``seed``, ``seed + 1``, ...) each against the fp32
-    reference, and on the first draw five identical runs that must agree bit for bit.
-
-    Raises:
-        VerificationError: a draw is off, or the config is nondeterministic.
-    """
-    worst = 0.0
-    for i in range(draws):
-        fresh = spec.make_args(shape, dtype, device, seed + i)
-        worst = max(worst, check_outputs(bound(*fresh), spec.reference(*fresh), dtype))
-        if i == 0:
-            check_deterministic(lambda: bound(*fresh))
-    return worst
 
 
 def _accuracy_check(output, baseline, dtype: torch.dtype) -> None:

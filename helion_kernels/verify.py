@@ -6,7 +6,12 @@ persisted), the benchmark and the tests, so all three apply the same bar.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from .kernels.spec import KernelSpec, Shape
 
 # Elementwise tolerance per input dtype: |out - ref| <= tol * (|ref| + rms(ref)).
 # bf16 follows the authors' fused-forward tests (atol = rtol = 3e-2 on unit-scale outputs);
@@ -17,6 +22,9 @@ TOLERANCE: dict[torch.dtype, float] = {
     torch.float32: 5e-3,
     torch.float64: 1e-6,
 }
+
+
+VERIFY_DRAWS = 3
 
 
 class VerificationError(AssertionError):
@@ -103,3 +111,25 @@ def check_deterministic(run, repeats: int = 4) -> None:
                     f"output {i}: {changed} elements changed between identical runs "
                     f"(run {rep + 2}): the kernel is nondeterministic with this config"
                 )
+
+
+def verify_config(
+    bound, spec: KernelSpec, shape: Shape, dtype: torch.dtype, device: torch.device,
+    seed: int, draws: int = VERIFY_DRAWS,
+) -> float:
+    """Check a compiled config (tuning) or a registered one (benchmark); return the largest
+    relative error.
+
+    ``draws`` fresh random inputs (seeds ``seed``, ``seed + 1``, ...) each against the fp32
+    reference, and on the first draw five identical runs that must agree bit for bit.
+
+    Raises:
+        VerificationError: a draw is off, or the config is nondeterministic.
+    """
+    worst = 0.0
+    for i in range(draws):
+        fresh = spec.make_args(shape, dtype, device, seed + i)
+        worst = max(worst, check_outputs(bound(*fresh), spec.reference(*fresh), dtype))
+        if i == 0:
+            check_deterministic(lambda: bound(*fresh))
+    return worst

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from helion_kernels import tuning
+from helion_kernels.verify import verify_config
 from helion_kernels.kernels import get_spec
 from helion_kernels.kernels.spec import Shape
 
@@ -56,7 +57,7 @@ class _FakeBound:
 
 def test_verify_config_accepts_a_correct_kernel():
     spec = get_spec("matmul")
-    err = tuning.verify_config(_FakeBound(spec), spec, Shape(16, 32, 8), torch.float32, torch.device("cpu"), seed=1)
+    err = verify_config(_FakeBound(spec), spec, Shape(16, 32, 8), torch.float32, torch.device("cpu"), seed=1)
     assert 0 <= err < 1e-6
 
 
@@ -67,5 +68,5 @@ def test_verify_config_rejects(spoil_call, match):
 
     spec = get_spec("matmul")
     with pytest.raises(VerificationError, match=match):
-        tuning.verify_config(_FakeBound(spec, spoil_call), spec, Shape(16, 32, 8), torch.float32,
+        verify_config(_FakeBound(spec, spoil_call), spec, Shape(16, 32, 8), torch.float32,
                              torch.device("cpu"), seed=1)

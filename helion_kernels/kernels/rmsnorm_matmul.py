@@ -7,8 +7,9 @@ GEMM and Attention Kernels" (Meta, July 2026). The RMSNorm scale is one number p
 
 The k-loop accumulates ``a_tile @ b_tile`` on the tensor cores and ``sum(a_tile**2)`` on
 the CUDA cores (from a second load of the same tile, an L1/L2 hit: see the kernel's
-comment); the epilogue scales the accumulator by ``rsqrt(sum_sq / K + eps)``. Every program recomputes its rows' sum of
-squares: redundant work hidden under the MMA instead of a separate pass over ``a``.
+comment); the epilogue scales the accumulator by ``rsqrt(sum_sq / K + eps)``. Every
+program recomputes its rows' sum of squares: redundant work hidden under the MMA instead
+of a separate pass over ``a``.
 
 An elementwise affine weight ``w`` [K] scales columns of ``rmsnorm(a)``, which is the same
 as scaling rows of ``b``: ``rmsnorm(a, w) @ b == rmsnorm(a) @ (w[:, None] * b)``. It is
