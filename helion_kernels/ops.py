@@ -9,7 +9,6 @@ per shape per process: configs tuned by another process are seen after a restart
 from __future__ import annotations
 
 import os
-import warnings
 from numbers import Real
 
 import torch
@@ -23,9 +22,6 @@ from .kernels.rmsnorm_matmul import fold_rmsnorm_weight
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-
-class KnownIssueWarning(UserWarning):
-    """A known correctness problem of a kernel on this GPU (see bench/NOTES.md)."""
 
 # specialization -> (compiled BoundKernel, where its config came from)
 _BOUND: dict[tuple, tuple[object, registry.Resolved]] = {}
@@ -206,13 +202,5 @@ def rmsnorm_matmul(
     else:
         if weight is not None:
             b = fold_rmsnorm_weight(weight, b)
-        if a.device.type == "cuda" and torch.cuda.get_device_capability(a.device)[0] == 9:
-            warnings.warn(
-                "rmsnorm_matmul on Hopper (sm_90): with Triton 3.6 some tilings of this kernel "
-                "gave intermittently wrong results in this project's H200 measurements, "
-                "including a registered one (bench/NOTES.md); check outputs before relying on them.",
-                KnownIssueWarning,
-                stacklevel=2,
-            )
         c, rstd = run(_rmsnorm_matmul.SPEC, (a.contiguous(), b.contiguous(), float(eps)))
     return (c, rstd) if return_rstd else c

@@ -34,7 +34,7 @@ def test_list(capsys, workload_registry):
 
 @pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
 def test_bench_without_gpu_checks_configs(capsys, workload_registry):
-    cfg = helion.Config(block_sizes=[64, 128, 64], num_warps=8, num_stages=3)
+    cfg = helion.Config(block_sizes=[64, 128, 128, 64], num_warps=8, num_stages=3)
     registry.save_entry("rmsnorm_matmul", "some_gpu_sm90",
                         registry.Entry(Shape(65536, 256, 256), "bfloat16", cfg, {"latency_ms": 0.02}))
     rc = main(["bench", "--kernel", "rmsnorm_matmul", "--workload", "prenorm_rmsnorm",

@@ -81,10 +81,11 @@ def test_reference_against_float64_formula():
 # Explicit configs for the generated Triton code: several tiles per dimension, partial
 # tiles in M, N and K, with and without L2 grouping. (Persistent program ids need the SM
 # count of a GPU, so they are covered by the CUDA tests.)
+# block_sizes = [tile_m, tile_k of the sum of squares, tile_n, tile_k of the GEMM].
 INTERPRETER_CONFIGS = [
-    helion.Config(block_sizes=[16, 32, 16], num_warps=4, num_stages=2),
-    helion.Config(block_sizes=[32, 16, 64], num_warps=4, num_stages=1, l2_groupings=[2]),
-    helion.Config(block_sizes=[16, 16, 32], num_warps=2, num_stages=2, l2_groupings=[4]),
+    helion.Config(block_sizes=[16, 32, 16, 32], num_warps=4, num_stages=2),
+    helion.Config(block_sizes=[32, 64, 16, 16], num_warps=4, num_stages=1),
+    helion.Config(block_sizes=[16, 16, 32, 64], num_warps=2, num_stages=2),
 ]
 
 
@@ -97,7 +98,6 @@ def test_triton_code_for_explicit_configs(shape, config, dtype):
     bound = rmsnorm_matmul_kernel.bind(args)
     bound.set_config(config)
     c, rstd = bound(*args)
-    # rstd is written only by the tile_n.begin == 0 programs: every row must still be set.
     check_outputs((c, rstd), SPEC.reference(*args), dtype)
 
 

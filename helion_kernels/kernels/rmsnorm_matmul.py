@@ -1,15 +1,23 @@
-"""Deferred ("lazy") pre-norm: ``c = rmsnorm(a) @ b`` in one GEMM.
+"""Deferred ("lazy") pre-norm: ``c = rmsnorm(a) @ b`` in one GEMM launch.
 
 Technique 2 of the PyTorch blog "Towards Free Normalization: Fusing Normalization into
 GEMM and Attention Kernels" (Meta, July 2026). The RMSNorm scale is one number per row, so
 
     (a * rstd[:, None]) @ b == (a @ b) * rstd[:, None],   rstd = 1 / sqrt(mean(a**2) + eps)
 
-The k-loop accumulates ``a_tile @ b_tile`` on the tensor cores and ``sum(a_tile**2)`` on
-the CUDA cores (from a second load of the same tile, an L1/L2 hit: see the kernel's
-comment); the epilogue scales the accumulator by ``rsqrt(sum_sq / K + eps)``. Every
-program recomputes its rows' sum of squares: redundant work hidden under the MMA instead
-of a separate pass over ``a``.
+and the normalised ``a`` never exists: the GEMM runs on the raw ``a`` and its epilogue
+scales the fp32 accumulator by ``rstd``.
+
+Where the sum of squares is computed. The blog accumulates ``sum(a_tile**2)`` inside the
+GEMM's k-loop. With Triton 3.6 on Hopper (sm_90) that formulation is not safe: a k-loop
+load with both a wgmma user and a non-wgmma user is given too few pipeline buffers
+(triton-lang/triton#7110, open), and loading the tile twice still raced on H200
+(bench/results/nvidia_h200_sm90/pre_norm_variants.md, shared_operand_check.md). So one
+program owns a block of ``tile_m`` rows: a k-loop of its own reduces the rows' sum of
+squares once (the only user of those loads), then the program walks every N tile of the
+rows with a plain GEMM k-loop, whose ``a`` tiles are now L2 hits, and scales each
+accumulator by the rows' ``rstd``. Still one launch and one HBM read of ``a``, no load
+shared between the MMA and the reduction, and no N tile recomputes the sum.
 
 An elementwise affine weight ``w`` [K] scales columns of ``rmsnorm(a)``, which is the same
 as scaling rows of ``b``: ``rmsnorm(a, w) @ b == rmsnorm(a) @ (w[:, None] * b)``. It is
@@ -27,6 +35,8 @@ from .spec import (
     GEMM_DEFAULT_CONFIG,
     SEED_POINTER_64x128,
     SEED_POINTER_128x128,
+    SEED_POINTER_128x256,
+    SEED_TMA_FLAT_128x256,
     SEED_TMA_PERSISTENT_128x128,
     KernelSpec,
     Shape,
@@ -38,32 +48,45 @@ from .spec import (
 )
 
 EPS = 1e-5
+# k-tile of the sum-of-squares loop in the seed and default configs (tunable).
+STATS_TILE_K = 128
 
 
 @helion.kernel(static_shapes=True)
 def rmsnorm_matmul_kernel(
     a: torch.Tensor, b: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rmsnorm(a) @ b`` -> (c [M, N] in ``a.dtype``, rstd [M] fp32); no affine weight."""
+    """``rmsnorm(a) @ b`` -> (c [M, N] in ``a.dtype``, rstd [M] fp32); no affine weight.
+
+    Config ``block_sizes`` = [tile_m, tile_k of the sum-of-squares loop, tile_n, tile_k of
+    the GEMM loop].
+    """
     m, k = a.size()
     _, n = b.size()
     c = torch.empty([m, n], dtype=a.dtype, device=a.device)
     rstd = torch.empty([m], dtype=torch.float32, device=a.device)
-    for tile_m, tile_n in hl.tile([m, n]):
-        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+    for tile_m in hl.tile(m):
         sum_sq = hl.zeros([tile_m], dtype=torch.float32)
         for tile_k in hl.tile(k):
-            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
-            # A second load of the same tile (an L1/L2 hit) feeds the sum of squares, so the
-            # MMA operand is used by the MMA alone: with one load shared by both, Triton 3.6
-            # on Hopper (sm_90) produced wrong results for many of the fastest tilings.
-            a32 = hl.load(a, [tile_m, tile_k], eviction_policy="evict_last").to(torch.float32)
+            a32 = a[tile_m, tile_k].to(torch.float32)
             sum_sq = sum_sq + torch.sum(a32 * a32, dim=1)
         row_rstd = torch.rsqrt(sum_sq / k + eps)
-        c[tile_m, tile_n] = (acc * row_rstd[:, None]).to(c.dtype)
-        if tile_n.begin == 0:
-            rstd[tile_m] = row_rstd
+        rstd[tile_m] = row_rstd
+        for tile_n in hl.tile(n):
+            acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+            for tile_k in hl.tile(k):
+                acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+            c[tile_m, tile_n] = (acc * row_rstd[:, None]).to(c.dtype)
     return c, rstd
+
+
+def row_block_config(gemm: helion.Config, stats_tile_k: int = STATS_TILE_K) -> helion.Config:
+    """This kernel's config for a GEMM tiling ``[tile_m, tile_n, tile_k]`` (its grid is 1-D,
+    so the GEMM's L2 grouping does not apply)."""
+    tm, tn, tk = gemm.block_sizes
+    rest = {key: val for key, val in gemm.config.items()
+            if key not in ("block_sizes", "l2_groupings")}
+    return helion.Config(block_sizes=[tm, stats_tile_k, tn, tk], **rest)
 
 
 def fold_rmsnorm_weight(weight: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -129,10 +152,10 @@ SPEC = KernelSpec(
     reference=rmsnorm_matmul_reference,
     flops=gemm_flops,
     min_bytes=gemm_min_bytes,
-    default_config=GEMM_DEFAULT_CONFIG,
-    # Not the TMA 128x256 flat tiling: it gave wrong results with this kernel on H200
-    # (bench/results/nvidia_h200_sm90/shared_operand_check.md).
-    seed_configs=(SEED_TMA_PERSISTENT_128x128, SEED_POINTER_128x128, SEED_POINTER_64x128),
+    default_config=row_block_config(GEMM_DEFAULT_CONFIG, 64),
+    seed_configs=tuple(row_block_config(g) for g in (
+        SEED_POINTER_128x256, SEED_TMA_FLAT_128x256, SEED_TMA_PERSISTENT_128x128,
+        SEED_POINTER_128x128, SEED_POINTER_64x128)),
     baselines=_baselines,
     norm_baseline="inductor_norm",
     unfused_baselines=("cublas+inductor_norm", "cublas+liger_norm"),

@@ -118,10 +118,13 @@ SEED_TMA_FLAT_128x256 = helion.Config(
     l2_groupings=[8])
 SEED_POINTER_128x128 = helion.Config(
     block_sizes=[128, 128, 64], num_warps=4, num_stages=4, indexing="pointer", l2_groupings=[8])
+SEED_POINTER_128x256 = helion.Config(
+    block_sizes=[128, 256, 64], num_warps=8, num_stages=4, indexing="pointer", l2_groupings=[2])
 SEED_POINTER_64x128 = helion.Config(
     block_sizes=[64, 128, 64], num_warps=4, num_stages=4, indexing="pointer", l2_groupings=[4])
 GEMM_SEED_CONFIGS: tuple[helion.Config, ...] = (
-    SEED_TMA_PERSISTENT_128x128, SEED_TMA_FLAT_128x256, SEED_POINTER_128x128, SEED_POINTER_64x128,
+    SEED_POINTER_128x256, SEED_TMA_PERSISTENT_128x128, SEED_TMA_FLAT_128x256, SEED_POINTER_128x128,
+    SEED_POINTER_64x128,
 )
 
 # A small, conservative tiling that compiles for any shape on any CUDA GPU.

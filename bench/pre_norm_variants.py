@@ -1,0 +1,181 @@
+"""Which formulation of ``rmsnorm(a) @ b`` is correct and fast on this GPU?
+
+The in-loop formulation (the sum of squares accumulated in the GEMM's k-loop) raced on H200
+with Triton 3.6 (bench/NOTES.md). This script compares, per shape and per tiling, on fresh
+random inputs (``DRAWS`` reference checks plus ``REPEATS`` bit-identical reruns each):
+
+* ``in_loop``: the previously shipped kernel (two loads of ``a`` in one k-loop);
+* ``row_block``: one program per block of rows; a k-loop of its own computes the rows' sum
+  of squares once, then the program walks every N tile of those rows with a plain GEMM
+  k-loop and scales the accumulator in the epilogue (no load feeds both an MMA and a
+  reduction, and no N tile recomputes the sum);
+* ``prepass``: a row-statistics kernel writes rstd [M], then a GEMM scales its epilogue by it;
+* ``matmul``: the plain Helion GEMM (control and floor for the fused variants).
+
+Usage (CUDA machine): ``python bench/pre_norm_variants.py OUT.csv``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import helion
+import helion.language as hl
+import pandas as pd
+import torch
+
+from helion_kernels.kernels.matmul import matmul_kernel, matmul_reference
+from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_kernel, rmsnorm_matmul_reference
+from helion_kernels.kernels.spec import Shape, random_gemm_operands
+from helion_kernels.timing import time_ms
+from helion_kernels.verify import VerificationError, check_deterministic, check_outputs
+
+DRAWS = 2
+REPEATS = 30
+
+
+@helion.kernel(static_shapes=True)
+def row_block_kernel(a: torch.Tensor, b: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    m, k = a.size()
+    _, n = b.size()
+    c = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    rstd = torch.empty([m], dtype=torch.float32, device=a.device)
+    for tile_m in hl.tile(m):
+        sum_sq = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_k in hl.tile(k):
+            a32 = a[tile_m, tile_k].to(torch.float32)
+            sum_sq = sum_sq + torch.sum(a32 * a32, dim=1)
+        row_rstd = torch.rsqrt(sum_sq / k + eps)
+        rstd[tile_m] = row_rstd
+        for tile_n in hl.tile(n):
+            acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+            for tile_k in hl.tile(k):
+                acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+            c[tile_m, tile_n] = (acc * row_rstd[:, None]).to(c.dtype)
+    return c, rstd
+
+
+@helion.kernel(static_shapes=True)
+def rstd_kernel(a: torch.Tensor, eps: float) -> torch.Tensor:
+    m, k = a.size()
+    rstd = torch.empty([m], dtype=torch.float32, device=a.device)
+    for tile_m in hl.tile(m):
+        sum_sq = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_k in hl.tile(k):
+            a32 = a[tile_m, tile_k].to(torch.float32)
+            sum_sq = sum_sq + torch.sum(a32 * a32, dim=1)
+        rstd[tile_m] = torch.rsqrt(sum_sq / k + eps)
+    return rstd
+
+
+@helion.kernel(static_shapes=True)
+def matmul_row_scale_kernel(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    m, k = a.size()
+    _, n = b.size()
+    c = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    for tile_m, tile_n in hl.tile([m, n]):
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        for tile_k in hl.tile(k):
+            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+        c[tile_m, tile_n] = (acc * scale[tile_m][:, None]).to(c.dtype)
+    return c
+
+
+def _gemm(bs, warps, stages, indexing="pointer", l2=8, pid="flat") -> dict:
+    return dict(block_sizes=bs, num_warps=warps, num_stages=stages, indexing=indexing,
+                l2_groupings=[l2], pid_type=pid)
+
+
+# GEMM tilings [tile_m, tile_n, tile_k]: the tuned matmul's, and the fused kernel's seeds.
+TILINGS = {
+    "ptr_128x256x64_w8_s4": _gemm([128, 256, 64], 8, 4, l2=2),
+    "ptr_128x128x64_w4_s4": _gemm([128, 128, 64], 4, 4),
+    "ptr_64x128x64_w4_s4": _gemm([64, 128, 64], 4, 4, l2=4),
+    "tma_128x128x64_w8_s3_pers": _gemm([128, 128, 64], 8, 3, "tensor_descriptor", 8,
+                                        "persistent_interleaved"),
+    "tma_128x256x64_w8_s3": _gemm([128, 256, 64], 8, 3, "tensor_descriptor"),
+}
+# Row-statistics loop tilings [tile_m, tile_k] for row_block / prepass.
+STATS_K = 128
+
+
+def _row_block_config(g: dict) -> helion.Config:
+    tm, tn, tk = g["block_sizes"]
+    # block_sizes order: tile_m, tile_k (stats loop), tile_n, tile_k (GEMM loop)
+    rest = {key: val for key, val in g.items() if key != "l2_groupings"}  # 1-D grid: none
+    return helion.Config(**{**rest, "block_sizes": [tm, STATS_K, tn, tk]})
+
+
+def _variants(shape: Shape):
+    """(variant, tiling, build) where build(args) -> callable running it on those args."""
+    out = []
+    for name, g in TILINGS.items():
+        def in_loop(args, g=g):
+            bound = rmsnorm_matmul_kernel.bind(args)
+            bound.set_config(helion.Config(**g))
+            return lambda: bound(*args)
+
+        def row_block(args, g=g):
+            bound = row_block_kernel.bind(args)
+            bound.set_config(_row_block_config(g))
+            return lambda: bound(*args)
+
+        def prepass(args, g=g):
+            a, b, eps = args
+            rs = rstd_kernel.bind((a, eps))
+            rs.set_config(helion.Config(block_sizes=[32, STATS_K], num_warps=4, num_stages=2))
+            mm = matmul_row_scale_kernel.bind((a, b, torch.empty(a.shape[0], device=a.device)))
+            mm.set_config(helion.Config(**g))
+
+            def run():
+                r = rs(a, eps)
+                return mm(a, b, r), r
+            return run
+
+        def matmul(args, g=g):
+            bound = matmul_kernel.bind(args[:2])
+            bound.set_config(helion.Config(**g))
+            return lambda: bound(*args[:2])
+
+        out += [("in_loop", name, in_loop), ("row_block", name, row_block),
+                ("prepass", name, prepass), ("matmul", name, matmul)]
+    return out
+
+
+def main(out_csv: str, shapes=(Shape(65536, 256, 256), Shape(65536, 1024, 1024))) -> pd.DataFrame:
+    rows = []
+    for shape in shapes:
+        for variant, tiling, build in _variants(shape):
+            t0 = time.time()
+            failed, nondet, note, ms = 0, 0, "", float("nan")
+            ref_fn = matmul_reference if variant == "matmul" else rmsnorm_matmul_reference
+            try:
+                for seed in range(DRAWS):
+                    args = (*random_gemm_operands(shape, torch.bfloat16, "cuda", seed), 1e-5)
+                    run = build(args)
+                    ref = ref_fn(*(args[:2] if variant == "matmul" else args))
+                    try:
+                        check_outputs(run(), ref, torch.bfloat16)
+                    except VerificationError as err:
+                        failed, note = failed + 1, str(err)[:100]
+                    try:
+                        check_deterministic(run, repeats=REPEATS)
+                    except VerificationError as err:
+                        nondet, note = nondet + 1, str(err)[:100]
+                ms = time_ms(run)
+            except Exception as err:  # a config that does not compile is a result too
+                failed, note = -1, f"{type(err).__name__}: {err}"[:100]
+            rows.append({"M": shape.M, "K": shape.K, "N": shape.N, "variant": variant,
+                         "tiling": tiling, "failed_draws": failed, "nondeterministic_draws": nondet,
+                         "draws": DRAWS, "repeats": REPEATS, "ms": round(ms, 5),
+                         "wall_s": round(time.time() - t0, 1), "note": note})
+            print(rows[-1], flush=True)
+            pd.DataFrame(rows).to_csv(out_csv, index=False)
+    df = pd.DataFrame(rows)
+    print(df.drop(columns="note").to_string(index=False))
+    return df
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
