@@ -5,7 +5,8 @@ registers, for the per-row sum of squares. This script runs, at one shape and on
 random inputs (3 draws per config), the same tilings with
 
 * ``single_load``: one ``a`` load shared by the MMA and the sum of squares;
-* ``double_load``: the shipped kernel, which loads the tile a second time for the sum;
+* ``double_load``: the kernel shipped until bench/NOTES.md's version 3, which loads the
+  tile a second time for the sum;
 * ``matmul``: the plain Helion GEMM, as a control,
 
 and records for each how many of the draws failed the fp32 reference check and the
@@ -22,7 +23,8 @@ import pandas as pd
 import torch
 
 from helion_kernels.kernels.matmul import matmul_kernel, matmul_reference
-from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_kernel, rmsnorm_matmul_reference
+from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_reference
+from pre_norm_variants import in_loop_kernel  # the double-load kernel (shipped until version 3)
 from helion_kernels.kernels.spec import Shape, random_gemm_operands
 from helion_kernels.timing import time_ms
 from helion_kernels.verify import VerificationError, check_outputs
@@ -69,7 +71,7 @@ CONFIGS = [
 def main(out_csv: str, shape: Shape = Shape(65536, 512, 512), draws: int = 3) -> pd.DataFrame:
     kernels = [
         ("single_load", single_load_kernel, rmsnorm_matmul_reference, 3),
-        ("double_load", rmsnorm_matmul_kernel, rmsnorm_matmul_reference, 3),
+        ("double_load", in_loop_kernel, rmsnorm_matmul_reference, 3),
         ("matmul", matmul_kernel, matmul_reference, 2),
     ]
     rows = []

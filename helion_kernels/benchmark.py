@@ -72,6 +72,13 @@ def bench_shape(
     unfused = [times[n] for n in spec.unfused_baselines if n in times]
     if unfused:
         row["speedup_vs_best_unfused"] = min(unfused) / fused
+    if spec.dispatch_baseline is not None:
+        # What the public function runs at this shape: the registry's recorded choice.
+        chosen = ops.use_fused(spec, arg_sets[0])
+        row["dispatch"] = "fused" if chosen else "unfused"
+        row["dispatched_ms"] = fused if chosen else times[spec.dispatch_baseline]
+        if unfused:
+            row["dispatched_speedup_vs_best_unfused"] = min(unfused) / row["dispatched_ms"]
     row["vs_cublas_mm"] = fused / times["cublas_mm"]
     row["byte_floor_ms"] = spec.min_bytes(shape, dtype) / (ceilings.bandwidth_gbps * 1e9) * 1e3
     row["flop_floor_ms"] = spec.flops(shape) / (ceilings.bf16_tflops * 1e12) * 1e3

@@ -8,14 +8,18 @@ per shape per process: configs tuned by another process are seen after a restart
 
 from __future__ import annotations
 
+import functools
 import os
+import warnings
 from numbers import Real
 
 import torch
+import torch.nn.functional as F
 from helion.runtime.ref_mode import is_ref_mode_enabled
 
 from . import registry
 from .kernels import matmul as _matmul
+from .kernels import postnorm_full_row as _postnorm
 from .kernels import rmsnorm_matmul as _rmsnorm_matmul
 from .kernels.spec import KernelSpec
 from .kernels.rmsnorm_matmul import fold_rmsnorm_weight
@@ -25,6 +29,8 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 # specialization -> (compiled BoundKernel, where its config came from)
 _BOUND: dict[tuple, tuple[object, registry.Resolved]] = {}
+# (kernel, shape, dtype, gpu) -> whether the registry chose the fused kernel
+_FUSED_CHOICE: dict[tuple, bool] = {}
 
 
 def interpret_mode() -> str | None:
@@ -94,7 +100,10 @@ def _bound(spec: KernelSpec, args: tuple) -> tuple[object, registry.Resolved]:
             spec.name, spec.default_config, spec.shape_of(args), args[0].dtype, gpu
         )
         bound = spec.kernel.bind(args)
-        bound.set_config(resolved.config)
+        config = resolved.config
+        if spec.portable_config is not None:
+            config = spec.portable_config(config)
+        bound.set_config(config)
         hit = _BOUND[key] = (bound, resolved)
     return hit
 
@@ -118,8 +127,9 @@ def run(spec: KernelSpec, args: tuple):
 
 
 def clear_cache() -> None:
-    """Forget compiled kernels so the next call re-reads the registry."""
+    """Forget compiled kernels and dispatch decisions so the next call re-reads the registry."""
     _BOUND.clear()
+    _FUSED_CHOICE.clear()
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -156,8 +166,9 @@ def rmsnorm_matmul(
     """``rmsnorm(a, weight, eps) @ b`` in one kernel (deferred pre-norm).
 
     Computes ``c = (a * rstd[:, None] * weight) @ b`` with
-    ``rstd = 1 / sqrt(mean(a**2, dim=1) + eps)``: the k-loop accumulates ``a @ b`` and the
-    per-row sum of squares of ``a`` together, and the epilogue scales by ``rstd``.
+    ``rstd = 1 / sqrt(mean(a**2, dim=1) + eps)``: the GEMM runs on the raw ``a`` and its
+    epilogue scales the accumulator by ``rstd``, which each program computes once for its
+    block of rows (see :mod:`helion_kernels.kernels.rmsnorm_matmul`).
     Technique 2 ("deferred pre-norm") of the PyTorch blog "Towards Free Normalization:
     Fusing Normalization into GEMM and Attention Kernels" (Meta, 2026).
 
@@ -198,9 +209,223 @@ def rmsnorm_matmul(
     m, n = a.shape[0], b.shape[1]
     if m == 0 or n == 0:
         c = a.new_empty(m, n)
-        rstd = torch.empty(m, dtype=torch.float32, device=a.device)
+        rstd = torch.rsqrt(a.float().pow(2).mean(dim=1) + eps)  # defined: the norm is over K
     else:
         if weight is not None:
             b = fold_rmsnorm_weight(weight, b)
         c, rstd = run(_rmsnorm_matmul.SPEC, (a.contiguous(), b.contiguous(), float(eps)))
     return (c, rstd) if return_rstd else c
+
+
+# --- full-row post-norm: GEMM -> LayerNorm / RMSNorm over N (technique 1) ----------------
+
+
+def _layer_norm(x, weight, bias, eps):
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def _rms_norm(x, weight, eps):
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+@functools.cache
+def _inductor(fn):
+    """``fn`` compiled by inductor once per process (it then specializes per shape)."""
+    return torch.compile(fn, dynamic=False)
+
+
+def _unfused_norm(fn, x: torch.Tensor, *params):
+    """The standalone norm of the unfused path: inductor-compiled on CUDA, eager elsewhere."""
+    return (_inductor(fn) if x.is_cuda else fn)(x, *params)
+
+
+def _check_norm_params(op: str, a: torch.Tensor, n: int, eps, **params) -> None:
+    for name, t in params.items():
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+        if tuple(t.shape) != (n,):
+            raise ValueError(f"{op}: {name} must have shape [N] = ({n},), got {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{op}: {name} must be floating point, got {t.dtype}")
+        _check_device(op, a, t)
+    if isinstance(eps, bool) or not isinstance(eps, Real) or not eps >= 0 or eps == float("inf"):
+        raise ValueError(f"{op}: eps must be a finite number >= 0, got {eps!r}")
+
+
+def _registry_choice(spec: KernelSpec, args: tuple) -> bool:
+    """The registry's dispatch decision for this call's shape (read without compiling)."""
+    a = args[0]
+    shape, dtype, gpu = spec.shape_of(args), registry.dtype_name(a.dtype), registry.gpu_key(a.device)
+    key = (spec.name, shape, dtype, gpu)
+    if key not in _FUSED_CHOICE:
+        entries = registry.entries_for(spec.name, gpu)
+        entry = entries.get((*shape, dtype)) or registry.nearest_entry(entries, shape, dtype)
+        choice = entry is not None and entry.meta.get("dispatch", {}).get("choice") == "fused"
+        if entry is not None and not choice and entry.key != (*shape, dtype):
+            # (A fused choice warns when the kernel picks up the nearest shape's config.)
+            warnings.warn(
+                f"{spec.name}: no dispatch decision tuned for {shape} {dtype} on {gpu}; "
+                f"following the one tuned for {entry.shape} {entry.dtype} (unfused). Tune this "
+                f"shape with: helion-kernels autotune --kernel {spec.name} --shape "
+                f"{shape.M},{shape.K},{shape.N} --dtype {dtype}",
+                registry.ConfigFallbackWarning,
+                stacklevel=4,
+            )
+        _FUSED_CHOICE[key] = choice
+    return _FUSED_CHOICE[key]
+
+
+def use_fused(spec: KernelSpec, args: tuple, fused: bool | None = None) -> bool:
+    """Whether a full-row post-norm call runs the fused kernel (True) or cuBLAS + the
+    inductor norm (False).
+
+    ``fused=None`` follows the registry: the fused kernel only where tuning measured it
+    faster than ``spec.dispatch_baseline`` at this shape (or, for an untuned shape, at the
+    nearest tuned one, with a warning), never for a GPU with no tuned entry, never past
+    :func:`~.kernels.postnorm_full_row.max_full_row_n`. ``fused=True`` forces the kernel
+    (ValueError past the N limit); ``fused=False`` forces the unfused path. In Helion's
+    reference mode (no configs, no timings) the kernel always runs.
+
+    Raises:
+        TypeError: ``fused`` is not None, True or False.
+        ValueError: ``fused=True`` and N is past the full-row limit.
+    """
+    if fused is not None and not isinstance(fused, bool):
+        raise TypeError(f"fused must be None, True or False, got {fused!r}")
+    a, b = args[0], args[1]
+    n = b.shape[1]
+    device = a.device if a.is_cuda else None
+    if fused is False:
+        return False
+    if fused:
+        _postnorm.check_full_row_n(n, a.dtype, device)
+        return True
+    if n > _postnorm.max_full_row_n(a.dtype, device):
+        return False
+    if is_ref_mode_enabled(spec.kernel.settings):
+        return True
+    return _registry_choice(spec, args)
+
+
+def _like(param: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+    """An affine parameter in the activation dtype, as torch's standalone norms expect."""
+    return None if param is None else param.to(x.dtype)
+
+
+def _as_operands(a: torch.Tensor, b: torch.Tensor, *params: torch.Tensor | None) -> tuple:
+    return (a.contiguous(), b.contiguous(), *(None if p is None else p.contiguous() for p in params))
+
+
+def matmul_layernorm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    return_stats: bool = False,
+    fused: bool | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``layer_norm(a @ b, (N,), weight, bias, eps)``, fused into the GEMM where that is faster.
+
+    Full-row post-norm fusion, technique 1 of the PyTorch blog "Towards Free Normalization:
+    Fusing Normalization into GEMM and Attention Kernels" (Meta, 2026): one program owns
+    whole output rows, so the row statistics are taken from the fp32 accumulator in
+    registers and the un-normalised product never goes to memory
+    (:mod:`helion_kernels.kernels.postnorm_full_row`). Per shape, the registry records
+    whether that kernel beat cuBLAS + the inductor-compiled norm when it was tuned; the
+    call runs the winner (see :func:`use_fused`), so a tuned shape never regresses.
+
+    Args:
+        a: [M, K], bf16, fp16 or fp32, on a CUDA device.
+        b: [K, N], same dtype and device. N is the normalised dimension.
+        weight, bias: optional LayerNorm affine parameters [N] (any float dtype).
+        eps: added to the variance, >= 0.
+        return_stats: also return the row ``mean`` and ``rstd`` [M] fp32 (for a backward).
+        fused: None (the registry decides), True (always the fused kernel), False (always
+            cuBLAS + the standalone norm).
+
+    Returns:
+        ``y`` [M, N] in the input dtype (fp32 accumulation and statistics), or
+        ``(y, mean, rstd)`` with ``return_stats=True``.
+
+    Raises:
+        TypeError: non-tensor input, unsupported or mismatched dtypes.
+        ValueError: not 2-D, mismatched K, K = 0, weight/bias not of shape [N], negative
+            eps, CPU tensors outside interpret modes, tensors on different devices, or
+            ``fused=True`` with N past the full-row limit (the error names the split-N
+            strategy).
+        NotImplementedError: an input requires grad (no backward yet).
+    """
+    op = "matmul_layernorm"
+    _check_gemm_operands(op, a, b)
+    _check_norm_params(op, a, b.shape[1], eps, weight=weight, bias=bias)
+    _check_no_grad(op, a, b, weight, bias)
+    m, n = a.shape[0], b.shape[1]
+    args = (*_as_operands(a, b, weight, bias), float(eps))
+    if m == 0 or n == 0:
+        use_fused(_postnorm.SPEC_LAYERNORM, args, fused if fused is not None else False)
+        y = a.new_empty(m, n)
+        stats = torch.full((2, m), float("nan"), dtype=torch.float32, device=a.device)  # over no columns
+        return (y, stats[0], stats[1]) if return_stats else y
+    if use_fused(_postnorm.SPEC_LAYERNORM, args, fused):
+        y, mean, rstd = run(_postnorm.SPEC_LAYERNORM, args)
+        return (y, mean, rstd) if return_stats else y
+    c = torch.mm(a, b)
+    y = _unfused_norm(_layer_norm, c, _like(weight, c), _like(bias, c), float(eps))
+    if not return_stats:
+        return y
+    var, mean = torch.var_mean(c.float(), dim=1, correction=0)
+    return y, mean, torch.rsqrt(var + eps)
+
+
+def matmul_rmsnorm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    return_rstd: bool = False,
+    fused: bool | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``rms_norm(a @ b, (N,), weight, eps)``, fused into the GEMM where that is faster.
+
+    Same strategy, dispatch and errors as :func:`matmul_layernorm` (technique 1 of the
+    PyTorch blog "Towards Free Normalization", 2026), with
+    ``rstd = 1 / sqrt(mean((a @ b)**2, dim=1) + eps)``.
+
+    Args:
+        a: [M, K], bf16, fp16 or fp32, on a CUDA device.
+        b: [K, N], same dtype and device. N is the normalised dimension.
+        weight: optional RMSNorm affine weight [N].
+        eps: added to the mean square, >= 0.
+        return_rstd: also return ``rstd`` [M] fp32.
+        fused: None (the registry decides), True (always fused), False (always unfused).
+
+    Returns:
+        ``y`` [M, N] in the input dtype, or ``(y, rstd)`` with ``return_rstd=True``.
+
+    Raises:
+        TypeError, ValueError, NotImplementedError: as :func:`matmul_layernorm`.
+    """
+    op = "matmul_rmsnorm"
+    _check_gemm_operands(op, a, b)
+    _check_norm_params(op, a, b.shape[1], eps, weight=weight)
+    _check_no_grad(op, a, b, weight)
+    m, n = a.shape[0], b.shape[1]
+    args = (*_as_operands(a, b, weight), float(eps))
+    if m == 0 or n == 0:
+        use_fused(_postnorm.SPEC_RMSNORM, args, fused if fused is not None else False)
+        y = a.new_empty(m, n)
+        rstd = torch.full((m,), float("nan"), dtype=torch.float32, device=a.device)  # over no columns
+        return (y, rstd) if return_rstd else y
+    if use_fused(_postnorm.SPEC_RMSNORM, args, fused):
+        y, rstd = run(_postnorm.SPEC_RMSNORM, args)
+        return (y, rstd) if return_rstd else y
+    c = torch.mm(a, b)
+    y = _unfused_norm(_rms_norm, c, _like(weight, c), float(eps))
+    if not return_rstd:
+        return y
+    return y, torch.rsqrt(c.float().pow(2).mean(dim=1) + eps)

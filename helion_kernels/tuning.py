@@ -5,7 +5,9 @@ the time; the search is seeded with the nearest registered shape's config and th
 hand-picked tilings; every candidate is checked against the fp32 reference), then the
 winning config is checked again (:func:`~.verify.verify_config`: several fresh random
 draws, and bitwise-identical repeated runs), timed by CUDA-graph replay, and written to the
-registry. Helion's own cache (``HELION_CACHE_DIR``, the repository's ``autotune_cache/``
+registry. For a kernel with a ``dispatch_baseline`` (the full-row post-norms) the unfused
+pipeline is timed too and the faster of the two is recorded in the entry, which is what
+the public function then runs. Helion's own cache (``HELION_CACHE_DIR``, the repository's ``autotune_cache/``
 when run from the CLI) makes an interrupted sweep resume cheaply; shapes already in the
 registry are skipped unless ``force``.
 """
@@ -105,10 +107,22 @@ def tune_shape(
     args = spec.make_args(shape, dtype, device, options.seed)
     bound = kernel.bind(args)
     config = bound.autotune(args, force=options.force)
+    if spec.portable_config is not None:
+        config = spec.portable_config(config)
+        bound.set_config(config)
     tune_seconds = time.perf_counter() - t0
 
     rel_error = verify_config(bound, spec, shape, dtype, device, options.seed + 1)
     latency = time_ms(lambda: bound(*args))
+    meta_dispatch = {}
+    if spec.dispatch_baseline is not None:
+        unfused_ms = time_ms(spec.baselines(*args)[spec.dispatch_baseline])
+        meta_dispatch = {"dispatch": {
+            "choice": "fused" if latency < unfused_ms else "unfused",
+            "fused_ms": round(latency, 5),
+            "unfused_ms": round(unfused_ms, 5),
+            "unfused": spec.dispatch_baseline,
+        }}
     entry = registry.Entry(
         shape=shape,
         dtype=name,
@@ -124,12 +138,18 @@ def tune_shape(
                 "seeded_from": None if near is None else f"{near.shape} {near.dtype}",
             },
             "versions": versions(),
+            **meta_dispatch,
         },
     )
     registry.save_entry(spec.name, gpu, entry, gpu_name=torch.cuda.get_device_name(device))
+    decision = ""
+    if meta_dispatch:
+        d = meta_dispatch["dispatch"]
+        decision = f", {d['choice']} (unfused {d['unfused']}: {d['unfused_ms']:.4f} ms)"
     return TuneResult(
         shape, "tuned", time.perf_counter() - t0,
-        f"{latency:.4f} ms, rel. error {rel_error:.2e}, tuned in {tune_seconds:.0f} s", entry,
+        f"{latency:.4f} ms{decision}, rel. error {rel_error:.2e}, tuned in {tune_seconds:.0f} s",
+        entry,
     )
 
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from . import matmul, rmsnorm_matmul
+from . import matmul, postnorm_full_row, rmsnorm_matmul
 from .spec import KernelSpec, Shape
 
-SPECS: dict[str, KernelSpec] = {m.SPEC.name: m.SPEC for m in (matmul, rmsnorm_matmul)}
+SPECS: dict[str, KernelSpec] = {
+    spec.name: spec
+    for spec in (matmul.SPEC, rmsnorm_matmul.SPEC, postnorm_full_row.SPEC_LAYERNORM,
+                 postnorm_full_row.SPEC_RMSNORM)
+}
 
 
 def get_spec(name: str) -> KernelSpec:

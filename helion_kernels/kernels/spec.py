@@ -50,6 +50,13 @@ class KernelSpec:
         gemm_twin: name of the plain Helion GEMM spec tuned the same way (the blog's
             metric compares the fused kernel against it); None for the GEMM itself.
         technique: one line naming the technique and its source.
+        dispatch_baseline: key in ``baselines`` of the unfused pipeline the fused kernel
+            must beat to be used at all: tuning times both and records the choice in the
+            registry entry, and the public function runs whichever won (None: always fused).
+        portable_config: ``Config -> Config`` applied to a config before it is saved and
+            before it is used, so that a config tuned at one shape is valid at another
+            (e.g. the full-row kernels reset their whole-row N tile, which Helion raises to
+            each shape's minimum). None: configs are used as they are.
     """
 
     name: str
@@ -66,6 +73,8 @@ class KernelSpec:
     unfused_baselines: tuple[str, ...]
     gemm_twin: str | None
     technique: str
+    dispatch_baseline: str | None = None
+    portable_config: Callable[[helion.Config], helion.Config] | None = None
 
 
 def random_gemm_operands(

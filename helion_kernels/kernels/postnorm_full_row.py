@@ -1,0 +1,369 @@
+"""Full-row post-norm: ``c = layer_norm(a @ b)`` or ``rms_norm(a @ b)`` in one GEMM launch.
+
+Technique 1 of the PyTorch blog "Towards Free Normalization: Fusing Normalization into
+GEMM and Attention Kernels" (Meta, July 2026). A norm over the last dimension N of a GEMM
+output needs statistics of a whole output row. If one program owns whole rows, i.e. its
+output tile is ``tile_m`` x N, those statistics are a reduction over the fp32 accumulator
+that is already in registers after the k-loop: the epilogue computes the row mean (LayerNorm
+only) and ``rstd``, normalises, applies the elementwise ``weight``/``bias`` and stores the
+result once. The un-normalised GEMM output never goes to HBM and is never read back, which
+is what the standalone norm after a cuBLAS GEMM costs.
+
+Row ownership. The N tile is declared with ``hl.register_block_size(Npad, Npad)`` where
+``Npad`` is the next power of two of N: its minimum equals its maximum, so no config the
+autotuner (or a user) can produce splits a row over programs (Helion raises a smaller
+value to the minimum). Only ``tile_m``, ``tile_k``, warps, stages and indexing are tuned.
+When N is not a power of two, the padded columns of the accumulator are zero (masked
+loads of ``b``) but their deviation from the mean is not, so they are masked out of the
+variance explicitly. Statistics are fp32; the LayerNorm variance is the mean of squared
+deviations from the row mean (two passes over the register tile, stable when the row mean
+is large against its spread).
+
+The limit. A program holds a [tile_m, Npad] fp32 accumulator and, per k step, a
+[tile_k, Npad] tile of ``b`` in shared memory, so N is bounded by the GPU's shared memory
+per block: :func:`max_full_row_n` (2048 for bf16/fp16 and 1024 for fp32 on H100/H200).
+Larger N needs the split-N strategy (technique 3 of the blog), where several programs
+share a row and the statistics are combined across them.
+
+Config ``block_sizes`` = [N tile (fixed: any value is raised to Npad), tile_m, tile_k].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import helion
+import helion.language as hl
+import torch
+import torch.nn.functional as F
+
+from .spec import (
+    KernelSpec,
+    Shape,
+    gemm_flops,
+    gemm_min_bytes,
+    gemm_shape,
+    random_gemm_operands,
+    reference_dtype,
+)
+
+EPS = 1e-5
+
+# Shared memory per block (opt-in) assumed when no CUDA device is given: H100/H200
+# (sm_90), 227 KiB = 232448 bytes.
+DEFAULT_SHARED_MEMORY_PER_BLOCK = 232448
+# The smallest program the kernel can run: the minimum tile_m and tile_k of a dot, and
+# one pipeline stage.
+_MIN_TILE_M = 16
+_MIN_TILE_K = 16
+
+TECHNIQUE_3_HINT = "use the split-N strategy (technique 3) for larger N"
+
+
+@helion.kernel(static_shapes=True)
+def matmul_layernorm_kernel(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``layer_norm(a @ b, (N,), weight, bias, eps)`` -> (c [M, N] in ``a.dtype``,
+    mean [M] fp32, rstd [M] fp32); fp32 accumulation and statistics.
+
+    Config ``block_sizes`` = [N tile (fixed to Npad), tile_m, tile_k].
+    """
+    m, k = a.size()
+    n = hl.specialize(b.size(1))
+    # min == max: a row is never split over programs, whatever the config says.
+    block_n = hl.register_block_size(helion.next_power_of_2(n), helion.next_power_of_2(n))
+    c = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    mean = torch.empty([m], dtype=torch.float32, device=a.device)
+    rstd = torch.empty([m], dtype=torch.float32, device=a.device)
+    for tile_m, tile_n in hl.tile([m, n], block_size=[None, block_n]):
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        for tile_k in hl.tile(k):
+            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+        # Padded columns of acc are 0, so the plain sum is the sum over the N real columns.
+        row_mean = torch.sum(acc, dim=1) / n
+        # ... but acc - mean is not 0 there: mask it out of the variance.
+        in_row = (tile_n.index < n)[None, :]
+        centered = torch.where(in_row, acc - row_mean[:, None], 0.0)
+        var = torch.sum(centered * centered, dim=1) / n
+        row_rstd = torch.rsqrt(var + eps)
+        y = centered * row_rstd[:, None]
+        if weight is not None:
+            y = y * weight[tile_n].to(torch.float32)[None, :]
+        if bias is not None:
+            y = y + bias[tile_n].to(torch.float32)[None, :]
+        c[tile_m, tile_n] = y.to(c.dtype)
+        mean[tile_m] = row_mean
+        rstd[tile_m] = row_rstd
+    return c, mean, rstd
+
+
+@helion.kernel(static_shapes=True)
+def matmul_rmsnorm_kernel(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rms_norm(a @ b, (N,), weight, eps)`` -> (c [M, N] in ``a.dtype``, rstd [M] fp32);
+    fp32 accumulation and statistics.
+
+    Config ``block_sizes`` = [N tile (fixed to Npad), tile_m, tile_k].
+    """
+    m, k = a.size()
+    n = hl.specialize(b.size(1))
+    # min == max: a row is never split over programs, whatever the config says.
+    block_n = hl.register_block_size(helion.next_power_of_2(n), helion.next_power_of_2(n))
+    c = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    rstd = torch.empty([m], dtype=torch.float32, device=a.device)
+    for tile_m, tile_n in hl.tile([m, n], block_size=[None, block_n]):
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        for tile_k in hl.tile(k):
+            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+        # Padded columns of acc are 0 (masked loads), and so are their squares; the
+        # explicit mask keeps that true whatever the loads' padding value.
+        in_row = (tile_n.index < n)[None, :]
+        sq = torch.where(in_row, acc * acc, 0.0)
+        row_rstd = torch.rsqrt(torch.sum(sq, dim=1) / n + eps)
+        y = acc * row_rstd[:, None]
+        if weight is not None:
+            y = y * weight[tile_n].to(torch.float32)[None, :]
+        c[tile_m, tile_n] = y.to(c.dtype)
+        rstd[tile_m] = row_rstd
+    return c, rstd
+
+
+def _shared_memory_per_block(device: torch.device | str | None) -> int:
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).shared_memory_per_block_optin)
+    return DEFAULT_SHARED_MEMORY_PER_BLOCK
+
+
+def max_full_row_n(dtype: torch.dtype, device: torch.device | str | None = None) -> int:
+    """The largest N the full-row strategy accepts for inputs of ``dtype`` on ``device``.
+
+    One program owns whole output rows, so its N tile is ``Npad``, the next power of two
+    of N. The smallest legal program (tile_m = 16, tile_k = 16, one pipeline stage) must
+    fit in the shared memory of one block, which holds
+
+    * the ``a`` tile: 16 * 16 * itemsize bytes,
+    * the ``b`` tile: 16 * Npad * itemsize bytes,
+    * the fp32 row tile [16, Npad] staged for the epilogue's layout change: 16 * Npad * 4,
+
+    i.e. ``256 * itemsize + 16 * Npad * (itemsize + 4) <= smem``. The result is the
+    largest power of two ``Npad`` that satisfies it (every N <= Npad pads to at most
+    Npad). For bf16/fp16 with 232448 bytes: ``512 + 96 * Npad <= 232448`` gives 2048; for
+    fp32, ``1024 + 128 * Npad <= 232448`` gives 1024.
+
+    ``smem`` is ``shared_memory_per_block_optin`` of the CUDA device (``device=None``:
+    the current CUDA device when there is one). On CPU (no device to ask) it is
+    :data:`DEFAULT_SHARED_MEMORY_PER_BLOCK` = 232448 bytes, the H100/H200 opt-in limit.
+    """
+    smem = _shared_memory_per_block(device)
+    item = torch.empty((), dtype=dtype).element_size()
+    fixed = _MIN_TILE_M * _MIN_TILE_K * item
+    per_column = _MIN_TILE_K * item + _MIN_TILE_M * 4
+    if fixed + per_column > smem:
+        raise ValueError(f"{smem} bytes of shared memory per block cannot hold even N = 1")
+    npad = 1
+    while fixed + per_column * (2 * npad) <= smem:
+        npad *= 2
+    return npad
+
+
+def check_full_row_n(n: int, dtype: torch.dtype, device: torch.device | str | None = None) -> None:
+    """Raise ValueError when N is larger than the full-row strategy supports.
+
+    Raises:
+        ValueError: naming N, the limit :func:`max_full_row_n` and the alternative.
+    """
+    limit = max_full_row_n(dtype, device)
+    if n > limit:
+        raise ValueError(
+            f"N = {n} is too large for the full-row post-norm fusion (technique 1): one "
+            f"program must hold a whole output row, and for {dtype} on this device at most "
+            f"N = {limit} fits in shared memory; {TECHNIQUE_3_HINT}"
+        )
+
+
+def matmul_layernorm_reference(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = EPS,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unfused ``layer_norm(a @ b)``, its row mean and rstd, in fp32 (float64 stays float64)."""
+    dt = reference_dtype(a.dtype)
+    c = a.to(dt) @ b.to(dt)
+    mean = c.mean(dim=1)
+    centered = c - mean[:, None]
+    rstd = torch.rsqrt(centered.pow(2).mean(dim=1) + eps)
+    y = centered * rstd[:, None]
+    if weight is not None:
+        y = y * weight.to(dt)
+    if bias is not None:
+        y = y + bias.to(dt)
+    return y, mean, rstd
+
+
+def matmul_rmsnorm_reference(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = EPS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unfused ``rms_norm(a @ b)`` and its row rstd in fp32 (float64 stays float64)."""
+    dt = reference_dtype(a.dtype)
+    c = a.to(dt) @ b.to(dt)
+    rstd = torch.rsqrt(c.pow(2).mean(dim=1) + eps)
+    y = c * rstd[:, None]
+    if weight is not None:
+        y = y * weight.to(dt)
+    return y, rstd
+
+
+def _affine_params(
+    n: int, dtype: torch.dtype, device, seed: int | None, with_bias: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """weight ~ 1 + 0.1 N(0, 1), bias ~ 0.1 N(0, 1), drawn from ``seed + 1`` on ``device``."""
+    if seed is None:
+        return (torch.empty(n, dtype=dtype, device=device),
+                torch.empty(n, dtype=dtype, device=device) if with_bias else None)
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    weight = 1 + 0.1 * torch.randn(n, generator=gen, device=device, dtype=torch.float32)
+    bias = 0.1 * torch.randn(n, generator=gen, device=device, dtype=torch.float32) if with_bias else None
+    return weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
+def _make_args_layernorm(shape: Shape, dtype: torch.dtype, device, seed: int | None) -> tuple:
+    """(a, b, weight, bias, eps): the affine LayerNorm, the case tuned and benchmarked."""
+    a, b = random_gemm_operands(shape, dtype, device, seed)
+    weight, bias = _affine_params(shape.N, dtype, device, seed, with_bias=True)
+    return a, b, weight, bias, EPS
+
+
+def _make_args_rmsnorm(shape: Shape, dtype: torch.dtype, device, seed: int | None) -> tuple:
+    """(a, b, weight, eps): the affine RMSNorm, the case tuned and benchmarked."""
+    a, b = random_gemm_operands(shape, dtype, device, seed)
+    weight, _ = _affine_params(shape.N, dtype, device, seed, with_bias=False)
+    return a, b, weight, EPS
+
+
+def _unfused(a: torch.Tensor, b: torch.Tensor, norm, liger) -> dict:
+    """What a user runs without this kernel: the cuBLAS GEMM, then a standalone norm
+    (``norm``: x -> y, compiled by inductor here; ``liger``: the Liger module, or None)."""
+    c0 = torch.mm(a, b)
+    inductor_norm = torch.compile(norm, dynamic=False)
+    out = {
+        "cublas_mm": lambda: torch.mm(a, b),
+        "inductor_norm": lambda: inductor_norm(c0),
+        "cublas+inductor_norm": lambda: inductor_norm(torch.mm(a, b)),
+    }
+    if liger is not None:
+        out["liger_norm"] = lambda: liger(c0)
+        out["cublas+liger_norm"] = lambda: liger(torch.mm(a, b))
+    return out
+
+
+def _liger(class_name: str, module: str, n: int, eps: float, like: torch.Tensor, **params):
+    """Liger's norm module with these affine parameters, or None when liger-kernel is not
+    installed (optional dependency: pip install liger-kernel) or does not import."""
+    try:
+        cls = getattr(__import__(f"liger_kernel.transformers.{module}", fromlist=[class_name]), class_name)
+    except Exception:  # absent, or broken against this torch/triton: skip the baseline
+        return None
+    norm = cls(n, eps=eps).to(device=like.device, dtype=like.dtype)
+    with torch.no_grad():
+        for name, value in params.items():
+            if value is None:
+                getattr(norm, name).zero_()
+            else:
+                getattr(norm, name).copy_(value)
+    return norm
+
+
+def _baselines_layernorm(
+    a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None,
+    bias: torch.Tensor | None, eps: float,
+) -> dict:
+    n = b.shape[1]
+    liger = _liger("LigerLayerNorm", "layer_norm", n, eps, a, bias=bias,
+                   **({"weight": weight} if weight is not None else {}))
+    return _unfused(a, b, lambda x: F.layer_norm(x, (n,), weight, bias, eps), liger)
+
+
+def _baselines_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None, eps: float) -> dict:
+    n = b.shape[1]
+    liger = _liger("LigerRMSNorm", "rms_norm", n, eps, a,
+                   **({"weight": weight} if weight is not None else {}))
+    return _unfused(a, b, lambda x: F.rms_norm(x, (n,), weight, eps), liger)
+
+
+# block_sizes = [N tile, tile_m, tile_k]. The N tile's minimum and maximum are both Npad,
+# so the 16 written here is raised to Npad at every N: one config serves every N. (A
+# larger value than Npad would not be lowered: Helion only raises block sizes to their
+# minimum; configs tuned at one N carry that N's Npad.)
+_N_TILE = 16
+
+def portable_config(config: helion.Config) -> helion.Config:
+    """``config`` with its N tile reset to the minimum, so Helion raises it to the Npad of
+    whatever shape it runs at (a config tuned at N = 512 would otherwise keep a 512-wide
+    tile at N = 64)."""
+    return helion.Config(**{**config.config, "block_sizes": [_N_TILE, *config.block_sizes[1:]]})
+
+
+# The smallest program, the one max_full_row_n is computed for: fits every N it accepts.
+DEFAULT_CONFIG = helion.Config(
+    block_sizes=[_N_TILE, _MIN_TILE_M, _MIN_TILE_K], num_warps=4, num_stages=1)
+
+# Hopper-friendly seeds (64 or 128 rows per program, k-tile 64). Those that do not fit
+# at a large N are dropped by the autotuner like any seed that does not compile.
+SEED_CONFIGS: tuple[helion.Config, ...] = (
+    helion.Config(block_sizes=[_N_TILE, 64, 64], num_warps=4, num_stages=3, indexing="pointer"),
+    helion.Config(block_sizes=[_N_TILE, 64, 64], num_warps=4, num_stages=2,
+                  indexing="tensor_descriptor"),
+    helion.Config(block_sizes=[_N_TILE, 128, 64], num_warps=8, num_stages=2, indexing="pointer"),
+    helion.Config(block_sizes=[_N_TILE, 128, 64], num_warps=8, num_stages=3,
+                  indexing="tensor_descriptor"),
+    helion.Config(block_sizes=[_N_TILE, 64, 64], num_warps=8, num_stages=2, indexing="pointer"),
+)
+
+_TECHNIQUE = ("full-row post-norm (technique 1, PyTorch blog 'Towards Free Normalization', "
+              "2026)")
+
+SPEC_LAYERNORM = KernelSpec(
+    name="matmul_layernorm",
+    kernel=matmul_layernorm_kernel,
+    make_args=_make_args_layernorm,
+    shape_of=gemm_shape,
+    reference=matmul_layernorm_reference,
+    flops=gemm_flops,  # the norm's O(M N) FLOPs are negligible next to 2 M K N
+    min_bytes=gemm_min_bytes,
+    default_config=DEFAULT_CONFIG,
+    seed_configs=SEED_CONFIGS,
+    baselines=_baselines_layernorm,
+    norm_baseline="inductor_norm",
+    unfused_baselines=("cublas+inductor_norm", "cublas+liger_norm"),
+    gemm_twin="matmul",
+    technique=_TECHNIQUE,
+    dispatch_baseline="cublas+inductor_norm",
+    portable_config=portable_config,
+)
+
+SPEC_RMSNORM = dataclasses.replace(
+    SPEC_LAYERNORM,
+    name="matmul_rmsnorm",
+    kernel=matmul_rmsnorm_kernel,
+    make_args=_make_args_rmsnorm,
+    reference=matmul_rmsnorm_reference,
+    baselines=_baselines_rmsnorm,
+)
