@@ -129,7 +129,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_list(args: argparse.Namespace) -> int:
     print("kernels:")
     for spec in SPECS.values():
-        print(f"  {spec.name:16} {spec.technique}")
+        print(f"  {spec.name:24} {spec.technique}")
     print("workloads:")
     for name in workloads.list_workloads():
         print(f"  {name:16} {len(workloads.load_workload(name))} rows")
@@ -138,7 +138,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
         for spec in SPECS.values():
             entries = registry.entries_for(spec.name, gpu)
             if entries:
-                print(f"  {gpu:24} {spec.name:16} {len(entries)} shapes")
+                print(f"  {gpu:24} {spec.name:24} {len(entries)} shapes")
     return 0
 
 

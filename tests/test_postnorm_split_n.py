@@ -1,0 +1,162 @@
+"""Split-N post-norm ``norm(a @ b)`` with the statistics combined across N tiles.
+
+Reference mode checks the math of every kernel (one tile per dimension there, so the
+combination is trivial); the Triton interpreter runs the two-kernel candidate with several
+N tiles per row, a partial last tile and M not a multiple of tile_m, which is where the
+partial statistics and Chan's combination are really exercised. The persistent candidate
+needs a grid-wide barrier, which the interpreter (programs run one after another) cannot
+run: its generated code is checked on CPU and its results in reference mode and on CUDA.
+"""
+
+from __future__ import annotations
+
+import helion
+import pytest
+import torch
+
+from helion_kernels.kernels import postnorm_split_n as split_n
+from helion_kernels.kernels.spec import Shape
+from helion_kernels.verify import check_outputs
+
+pytestmark = pytest.mark.usefixtures("poisoned_empty")
+
+SHAPES = [Shape(1, 64, 96), Shape(33, 100, 96), Shape(45, 48, 200), Shape(7, 1, 5)]
+LN_AFFINE = ["none", "weight", "weight_bias"]
+
+
+def _inputs(shape: Shape, dtype, device, seed: int, affine: str, large_mean: bool = False):
+    """(a, b, weight, bias, eps); with ``large_mean`` every output row has mean ~1e3 and
+    spread ~1 (``a[:, -1] = 1``, ``b[-1, :] = 1000``)."""
+    a, b, _, _, eps = split_n.SPEC_LAYERNORM.make_args(shape, dtype, device, seed)
+    if large_mean:
+        a[:, -1] = 1
+        b[-1, :] = 1000
+    gen = torch.Generator().manual_seed(seed + 7)
+    weight = (1 + 0.5 * torch.randn(shape.N, generator=gen)).to(device=device, dtype=dtype)
+    bias = (0.5 * torch.randn(shape.N, generator=gen)).to(device=device, dtype=dtype)
+    return a, b, weight if "weight" in affine else None, bias if "bias" in affine else None, eps
+
+
+def _ln_reference(a, b, weight, bias, eps):
+    def f64(t):
+        return None if t is None else t.double()
+    return split_n.matmul_layernorm_reference(f64(a), f64(b), f64(weight), f64(bias), eps)
+
+
+def _rms_reference(a, b, weight, eps):
+    return split_n.matmul_rmsnorm_reference(a.double(), b.double(),
+                                            None if weight is None else weight.double(), eps)
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("affine", LN_AFFINE)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_reference_mode_both_candidates(shape, affine, dtype, device):
+    a, b, w, bias, eps = _inputs(shape, dtype, device, 3, affine)
+    ln_ref, rms_ref = _ln_reference(a, b, w, bias, eps), _rms_reference(a, b, w, eps)
+    check_outputs(split_n.layernorm_two_kernels(a, b, w, bias, eps, None, None), ln_ref, dtype)
+    check_outputs(split_n.matmul_layernorm_split_n_kernel(a, b, w, bias, eps), ln_ref, dtype)
+    check_outputs(split_n.rmsnorm_two_kernels(a, b, w, eps, None, None), rms_ref, dtype)
+    check_outputs(split_n.matmul_rmsnorm_split_n_kernel(a, b, w, eps), rms_ref, dtype)
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_large_row_mean_reference_mode(dtype, device):
+    a, b, w, bias, eps = _inputs(Shape(33, 100, 96), dtype, device, 5, "weight_bias", large_mean=True)
+    ref = _ln_reference(a, b, w, bias, eps)
+    assert (ref[1] - 1000).abs().max() < 10  # the shift really happened
+    check_outputs(split_n.matmul_layernorm_split_n_kernel(a, b, w, bias, eps), ref, dtype)
+    check_outputs(split_n.layernorm_two_kernels(a, b, w, bias, eps, None, None), ref, dtype)
+
+
+# Phase-1 tilings [tile_n, tile_m, tile_k]: 3-7 N tiles per row at N = 96 / 200, partial
+# last tiles in N and M.
+GEMM_CONFIGS = [
+    helion.Config(block_sizes=[32, 16, 16], num_warps=4, num_stages=1),
+    helion.Config(block_sizes=[64, 32, 32], num_warps=4, num_stages=2),
+]
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])  # bf16 tl.dot is broken in the interpreter
+@pytest.mark.parametrize("config", GEMM_CONFIGS, ids=lambda c: "x".join(map(str, c.block_sizes)))
+@pytest.mark.parametrize("shape", [Shape(33, 100, 96), Shape(45, 48, 200), Shape(1, 64, 96)], ids=str)
+def test_two_kernels_with_several_n_tiles(shape, config, dtype):
+    a, b, w, bias, eps = _inputs(shape, dtype, "cpu", 11, "weight_bias")
+    y, mean, rstd = split_n.layernorm_two_kernels(a, b, w, bias, eps, config, split_n.APPLY_CONFIG)
+    check_outputs((y, mean, rstd), _ln_reference(a, b, w, bias, eps), dtype)
+    apply = helion.Config(block_sizes=[8, 32], num_warps=4, num_stages=1)
+    check_outputs(split_n.rmsnorm_two_kernels(a, b, w, eps, config, apply), _rms_reference(a, b, w, eps), dtype)
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_two_kernels_large_row_mean(dtype):
+    """Mean ~1e3, spread ~1, four N tiles: the tiles are stored centred on their own means
+    and combined with Chan's formula; storing the raw tile in fp16 would lose the spread."""
+    a, b, w, bias, eps = _inputs(Shape(33, 100, 96), dtype, "cpu", 13, "weight_bias", large_mean=True)
+    out = split_n.layernorm_two_kernels(a, b, w, bias, eps, GEMM_CONFIGS[0], split_n.APPLY_CONFIG)
+    check_outputs(out, _ln_reference(a, b, w, bias, eps), dtype)
+
+
+@pytest.mark.triton_interpret
+def test_partials_are_per_tile_statistics():
+    """The phase-1 partials of a 4-tile row: column counts 32, 32, 32, 4; each tile's mean
+    and sum of squared deviations; and the stored tile is centred on that mean."""
+    a, b, *_ = _inputs(Shape(9, 48, 100), torch.float32, "cpu", 17, "none")
+    bound = split_n.matmul_layernorm_partials_kernel.bind((a, b))
+    bound.set_config(GEMM_CONFIGS[0])
+    centred, partials = bound(a, b)
+    assert partials.shape == (9, 4, 3)
+    full = (a.double() @ b.double()).view(9, 1, 100)
+    for j, (lo, hi) in enumerate([(0, 32), (32, 64), (64, 96), (96, 100)]):
+        tile = full[:, 0, lo:hi]
+        assert torch.equal(partials[:, j, 0], torch.full((9,), float(hi - lo)))
+        torch.testing.assert_close(partials[:, j, 1].double(), tile.mean(1), rtol=1e-4, atol=1e-4)
+        dev = tile - tile.mean(1, keepdim=True)
+        torch.testing.assert_close(partials[:, j, 2].double(), dev.pow(2).sum(1), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(centred[:, lo:hi].double(), dev, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("n", "num_tiles", "width"), [
+    (100, 4, 32), (100, 2, 64), (100, 1, 128), (96, 3, 32), (4096, 16, 256), (5, 1, 8), (512, 4, 128),
+])
+def test_gemm_tile_width(n, num_tiles, width):
+    assert split_n.gemm_tile_width(n, num_tiles) == width
+    assert -(-n // width) == num_tiles
+
+
+@pytest.mark.triton_interpret  # code generation only; reference mode has none
+@pytest.mark.parametrize("spec", [split_n.SPEC_LAYERNORM, split_n.SPEC_RMSNORM], ids=lambda s: s.name)
+def test_persistent_kernel_code_has_one_grid_barrier(spec):
+    """Every seed and the default config generate a persistent kernel with the barrier."""
+    args = spec.make_args(Shape(64, 96, 512), torch.float16, "cpu", None)
+    bound = spec.kernel.bind(args)
+    for config in (spec.default_config, *spec.seed_configs):
+        code = bound.to_triton_code(config)
+        assert code.count("x_grid_barrier(") == 1, config
+        assert "_NUM_SM" in code
+
+
+def test_specs_registered():
+    from helion_kernels.kernels import SPECS
+
+    assert SPECS["matmul_layernorm_split_n"] is split_n.SPEC_LAYERNORM
+    assert SPECS["matmul_rmsnorm_split_n"] is split_n.SPEC_RMSNORM
+    assert "technique 3" in split_n.SPEC_LAYERNORM.technique
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [Shape(1000, 512, 4096), Shape(333, 256, 1000)], ids=str)
+def test_cuda_both_candidates(shape, dtype):
+    a, b, w, bias, eps = _inputs(shape, dtype, "cuda", 19, "weight_bias", large_mean=True)
+    ref = _ln_reference(a, b, w, bias, eps)
+    gemm = split_n.SPEC_LAYERNORM.seed_configs[1]
+    gemm3 = helion.Config(**{**gemm.config, "block_sizes": gemm.block_sizes[:3]})
+    check_outputs(split_n.layernorm_two_kernels(a, b, w, bias, eps, gemm3), ref, dtype)
+    bound = split_n.matmul_layernorm_split_n_kernel.bind((a, b, w, bias, eps))
+    bound.set_config(gemm)
+    check_outputs(bound(a, b, w, bias, eps), ref, dtype)
