@@ -51,10 +51,10 @@ def _check_device(op: str, *tensors: torch.Tensor) -> None:
         raise ValueError(f"{op}: meta tensors hold no data; pass CUDA tensors")
     if device.type != "cuda" and interpret_mode() is None:
         raise ValueError(
-            f"{op}: needs CUDA tensors, got {device.type}. CPU tensors are accepted only "
-            "under HELION_INTERPRET=1 or TRITON_INTERPRET=1, which the CPU test suite uses "
-            "together with two small patches for gaps of torch's CPU build and of the Triton "
-            "interpreter (tests/conftest.py)."
+            f"{op}: needs CUDA tensors, got {device.type}. (The CPU test suite runs the "
+            "kernels under HELION_INTERPRET=1 or TRITON_INTERPRET=1, and only with two patches "
+            "for gaps of torch's CPU build and of the Triton interpreter, in tests/conftest.py; "
+            "that is for checking the kernels, not for using them.)"
         )
 
 
@@ -65,7 +65,8 @@ def _check_gemm_operands(op: str, a: object, b: object) -> None:
         if t.dim() != 2:
             raise ValueError(
                 f"{op}: {name} must be 2-D ({'[M, K]' if name == 'a' else '[K, N]'}), "
-                f"got shape {tuple(t.shape)}; flatten leading dims with a.reshape(-1, K)"
+                f"got shape {tuple(t.shape)}"
+                + ("; flatten leading dims with a.reshape(-1, K)" if name == "a" else "")
             )
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(
@@ -228,6 +229,25 @@ def _rms_norm(x, weight, eps):
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
+def _layer_norm_stats(x32, weight, bias, eps):
+    """LayerNorm of an fp32 [M, N] and its (mean, rstd), all in fp32."""
+    var, mean = torch.var_mean(x32, dim=1, correction=0)
+    rstd = torch.rsqrt(var + eps)
+    y = (x32 - mean[:, None]) * rstd[:, None]
+    if weight is not None:
+        y = y * weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y, mean, rstd
+
+
+def _rms_norm_stats(x32, weight, eps):
+    """RMSNorm of an fp32 [M, N] and its rstd, in fp32."""
+    rstd = torch.rsqrt(x32.pow(2).mean(dim=1) + eps)
+    y = x32 * rstd[:, None]
+    return (y if weight is None else y * weight.float()), rstd
+
+
 @functools.cache
 def _inductor(fn):
     """``fn`` compiled by inductor once per process (it then specializes per shape)."""
@@ -300,13 +320,20 @@ def use_fused(spec: KernelSpec, args: tuple, fused: bool | None = None) -> bool:
     if fused is False:
         return False
     if fused:
-        _postnorm.check_full_row_n(n, a.dtype, device)
+        _postnorm.check_full_row_n(n, a.dtype, device, op=spec.name)
         return True
     if n > _postnorm.max_full_row_n(a.dtype, device):
         return False
     if is_ref_mode_enabled(spec.kernel.settings):
         return True
     return _registry_choice(spec, args)
+
+
+def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` accumulated and returned in fp32 (torch's CPU build has no ``out_dtype``)."""
+    if a.is_cuda and a.dtype != torch.float32:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
 
 
 def _like(param: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
@@ -373,12 +400,12 @@ def matmul_layernorm(
     if use_fused(_postnorm.SPEC_LAYERNORM, args, fused):
         y, mean, rstd = run(_postnorm.SPEC_LAYERNORM, args)
         return (y, mean, rstd) if return_stats else y
-    c = torch.mm(a, b)
-    y = _unfused_norm(_layer_norm, c, _like(weight, c), _like(bias, c), float(eps))
     if not return_stats:
-        return y
-    var, mean = torch.var_mean(c.float(), dim=1, correction=0)
-    return y, mean, torch.rsqrt(var + eps)
+        c = torch.mm(a, b)
+        return _unfused_norm(_layer_norm, c, _like(weight, c), _like(bias, c), float(eps))
+    # Statistics for a backward: from the fp32 product, as the fused kernel takes them.
+    y, mean, rstd = _unfused_norm(_layer_norm_stats, _mm_fp32(a, b), weight, bias, float(eps))
+    return y.to(a.dtype), mean, rstd
 
 
 def matmul_rmsnorm(
@@ -424,8 +451,8 @@ def matmul_rmsnorm(
     if use_fused(_postnorm.SPEC_RMSNORM, args, fused):
         y, rstd = run(_postnorm.SPEC_RMSNORM, args)
         return (y, rstd) if return_rstd else y
-    c = torch.mm(a, b)
-    y = _unfused_norm(_rms_norm, c, _like(weight, c), float(eps))
     if not return_rstd:
-        return y
-    return y, torch.rsqrt(c.float().pow(2).mean(dim=1) + eps)
+        c = torch.mm(a, b)
+        return _unfused_norm(_rms_norm, c, _like(weight, c), float(eps))
+    y, rstd = _unfused_norm(_rms_norm_stats, _mm_fp32(a, b), weight, float(eps))
+    return y.to(a.dtype), rstd

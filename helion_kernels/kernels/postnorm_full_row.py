@@ -178,8 +178,11 @@ def max_full_row_n(dtype: torch.dtype, device: torch.device | str | None = None)
     return npad
 
 
-def check_full_row_n(n: int, dtype: torch.dtype, device: torch.device | str | None = None) -> None:
-    """Raise ValueError when N is larger than the full-row strategy supports.
+def check_full_row_n(
+    n: int, dtype: torch.dtype, device: torch.device | str | None = None, op: str = "full-row post-norm"
+) -> None:
+    """Raise ValueError (its message starting with ``op``) when N is larger than the full-row
+    strategy supports.
 
     Raises:
         ValueError: naming N, the limit :func:`max_full_row_n` and the alternative.
@@ -187,7 +190,7 @@ def check_full_row_n(n: int, dtype: torch.dtype, device: torch.device | str | No
     limit = max_full_row_n(dtype, device)
     if n > limit:
         raise ValueError(
-            f"N = {n} is too large for the full-row post-norm fusion (technique 1): one "
+            f"{op}: N = {n} is too large for the full-row post-norm fusion (technique 1): one "
             f"program must hold a whole output row, and for {dtype} on this device at most "
             f"N = {limit} fits in shared memory; {TECHNIQUE_3_HINT}"
         )
@@ -276,7 +279,10 @@ def _unfused(a: torch.Tensor, b: torch.Tensor, norm, liger) -> dict:
 
 def _liger(class_name: str, module: str, n: int, eps: float, like: torch.Tensor, **params):
     """Liger's norm module with these affine parameters, or None when liger-kernel is not
-    installed (optional dependency: pip install liger-kernel) or does not import."""
+    installed (optional dependency: pip install liger-kernel) or does not import, or the
+    tensors are not on a CUDA device (Liger's kernels are Triton kernels for GPUs)."""
+    if like.device.type != "cuda":
+        return None
     try:
         cls = getattr(__import__(f"liger_kernel.transformers.{module}", fromlist=[class_name]), class_name)
     except Exception:  # absent, or broken against this torch/triton: skip the baseline
