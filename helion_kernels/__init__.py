@@ -4,12 +4,28 @@ Public API::
 
     from helion_kernels import rmsnorm_matmul, matmul, fold_rmsnorm_weight
     from helion_kernels import matmul_layernorm, matmul_rmsnorm
+    from helion_kernels import matmul_layernorm_split_n, matmul_rmsnorm_split_n  # large N
 
 Each kernel reads its tuned config from the committed registry under ``configs/``; see the
 README for tuning (``helion-kernels autotune``) and benchmarking (``helion-kernels bench``).
 """
 
 from .kernels.rmsnorm_matmul import fold_rmsnorm_weight
-from .ops import matmul, matmul_layernorm, matmul_rmsnorm, rmsnorm_matmul
+from .ops import (
+    matmul,
+    matmul_layernorm,
+    matmul_layernorm_split_n,
+    matmul_rmsnorm,
+    matmul_rmsnorm_split_n,
+    rmsnorm_matmul,
+)
 
-__all__ = ["fold_rmsnorm_weight", "matmul", "matmul_layernorm", "matmul_rmsnorm", "rmsnorm_matmul"]
+__all__ = [
+    "fold_rmsnorm_weight",
+    "matmul",
+    "matmul_layernorm",
+    "matmul_layernorm_split_n",
+    "matmul_rmsnorm",
+    "matmul_rmsnorm_split_n",
+    "rmsnorm_matmul",
+]

@@ -20,6 +20,7 @@ from helion.runtime.ref_mode import is_ref_mode_enabled
 from . import registry
 from .kernels import matmul as _matmul
 from .kernels import postnorm_full_row as _postnorm
+from .kernels import postnorm_split_n as _split_n
 from .kernels import rmsnorm_matmul as _rmsnorm_matmul
 from .kernels.spec import KernelSpec
 from .kernels.rmsnorm_matmul import fold_rmsnorm_weight
@@ -456,3 +457,68 @@ def matmul_rmsnorm(
         return _unfused_norm(_rms_norm, c, _like(weight, c), float(eps))
     y, rstd = _unfused_norm(_rms_norm_stats, _mm_fp32(a, b), weight, float(eps))
     return y.to(a.dtype), rstd
+
+
+# --- split-N post-norm (technique 3): not yet tuned or measured --------------------------
+
+
+def matmul_layernorm_split_n(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    return_stats: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``layer_norm(a @ b, (N,), weight, bias, eps)`` for any N, the row split over programs.
+
+    Split-N post-norm, technique 3 of the PyTorch blog "Towards Free Normalization" (Meta,
+    2026), as one persistent Helion launch: the GEMM keeps its own N tiling and writes per-row
+    partial statistics, a grid-wide barrier, then the partials are combined (Chan's formula)
+    and the tiles normalised (:mod:`helion_kernels.kernels.postnorm_split_n`). Not yet
+    tuned or benchmarked on any GPU: until the registry holds configs for yours it runs a
+    conservative default config (with a warning) and may be slower than cuBLAS + a
+    standalone norm; ``matmul_layernorm`` does not dispatch to it yet.
+
+    Args, returns and errors: as :func:`matmul_layernorm`, without ``fused`` and without an
+    N limit.
+    """
+    op = "matmul_layernorm_split_n"
+    _check_gemm_operands(op, a, b)
+    _check_norm_params(op, a, b.shape[1], eps, weight=weight, bias=bias)
+    _check_no_grad(op, a, b, weight, bias)
+    m, n = a.shape[0], b.shape[1]
+    if m == 0 or n == 0:
+        stats = torch.full((2, m), float("nan"), dtype=torch.float32, device=a.device)
+        y = a.new_empty(m, n)
+        return (y, stats[0], stats[1]) if return_stats else y
+    y, mean, rstd = run(_split_n.SPEC_LAYERNORM, (*_as_operands(a, b, weight, bias), float(eps)))
+    return (y, mean, rstd) if return_stats else y
+
+
+def matmul_rmsnorm_split_n(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    return_rstd: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``rms_norm(a @ b, (N,), weight, eps)`` for any N, the row split over programs.
+
+    The RMSNorm twin of :func:`matmul_layernorm_split_n` (same technique, same caveat: not
+    yet tuned or measured). Args, returns and errors: as :func:`matmul_rmsnorm`, without
+    ``fused`` and without an N limit.
+    """
+    op = "matmul_rmsnorm_split_n"
+    _check_gemm_operands(op, a, b)
+    _check_norm_params(op, a, b.shape[1], eps, weight=weight)
+    _check_no_grad(op, a, b, weight)
+    m, n = a.shape[0], b.shape[1]
+    if m == 0 or n == 0:
+        rstd = torch.full((m,), float("nan"), dtype=torch.float32, device=a.device)
+        y = a.new_empty(m, n)
+        return (y, rstd) if return_rstd else y
+    y, rstd = run(_split_n.SPEC_RMSNORM, (*_as_operands(a, b, weight), float(eps)))
+    return (y, rstd) if return_rstd else y

@@ -160,3 +160,38 @@ def test_cuda_both_candidates(shape, dtype):
     bound = split_n.matmul_layernorm_split_n_kernel.bind((a, b, w, bias, eps))
     bound.set_config(gemm)
     check_outputs(bound(a, b, w, bias, eps), ref, dtype)
+
+
+# --- the public functions --------------------------------------------------------------
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [Shape(1, 64, 96), Shape(33, 100, 200)], ids=str)
+def test_public_functions_match_fp64(shape, dtype, device):
+    from helion_kernels import matmul_layernorm_split_n, matmul_rmsnorm_split_n
+
+    a, b, w, bias, eps = _inputs(shape, dtype, device, 23, "weight_bias", large_mean=True)
+    y, mean, rstd = matmul_layernorm_split_n(a, b, w, bias, eps, return_stats=True)
+    check_outputs((y, mean, rstd), _ln_reference(a, b, w, bias, eps), dtype)
+    check_outputs(matmul_layernorm_split_n(a, b, w, bias, eps), _ln_reference(a, b, w, bias, eps)[0], dtype)
+    check_outputs(matmul_rmsnorm_split_n(a, b, w, eps, return_rstd=True), _rms_reference(a, b, w, eps), dtype)
+
+
+@pytest.mark.ref_mode
+def test_public_functions_validate_and_handle_empty(device):
+    from helion_kernels import matmul_layernorm_split_n, matmul_rmsnorm_split_n
+
+    a, b, w, bias, eps = _inputs(Shape(4, 8, 16), torch.float32, device, 29, "weight_bias")
+    with pytest.raises(ValueError, match="matmul_layernorm_split_n: mismatched K"):
+        matmul_layernorm_split_n(a, b[:7], w, bias)
+    with pytest.raises(ValueError, match=r"bias must have shape \[N\]"):
+        matmul_layernorm_split_n(a, b, w, bias[:3])
+    with pytest.raises(TypeError, match="matmul_rmsnorm_split_n: a has dtype torch.int32"):
+        matmul_rmsnorm_split_n(a.int(), b.int())
+    with pytest.raises(ValueError, match="eps must be a finite number"):
+        matmul_rmsnorm_split_n(a, b, w, eps=-1.0)
+    y, mean, rstd = matmul_layernorm_split_n(a[:0], b, return_stats=True)
+    assert y.shape == (0, 16) and mean.shape == rstd.shape == (0,)
+    y, rstd = matmul_rmsnorm_split_n(a, b[:, :0], return_rstd=True)
+    assert y.shape == (4, 0) and rstd.isnan().all()

@@ -57,7 +57,10 @@ DEFAULT_SHARED_MEMORY_PER_BLOCK = 232448
 _MIN_TILE_M = 16
 _MIN_TILE_K = 16
 
-TECHNIQUE_3_HINT = "use the split-N strategy (technique 3) for larger N"
+TECHNIQUE_3_HINT = (
+    "use the split-N strategy (technique 3) for larger N: "
+    "helion_kernels.matmul_layernorm_split_n / matmul_rmsnorm_split_n"
+)
 
 
 @helion.kernel(static_shapes=True)
