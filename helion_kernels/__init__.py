@@ -5,6 +5,7 @@ Public API::
     from helion_kernels import rmsnorm_matmul, matmul, fold_rmsnorm_weight
     from helion_kernels import matmul_layernorm, matmul_rmsnorm
     from helion_kernels import matmul_layernorm_split_n, matmul_rmsnorm_split_n  # large N
+    from helion_kernels import gdpa, flash_norm_attention  # jagged attention
 
 Each kernel reads its tuned config from the committed registry under ``configs/``; see the
 README for tuning (``helion-kernels autotune``) and benchmarking (``helion-kernels bench``).
@@ -12,6 +13,8 @@ README for tuning (``helion-kernels autotune``) and benchmarking (``helion-kerne
 
 from .kernels.rmsnorm_matmul import fold_rmsnorm_weight
 from .ops import (
+    flash_norm_attention,
+    gdpa,
     matmul,
     matmul_layernorm,
     matmul_layernorm_split_n,
@@ -21,7 +24,9 @@ from .ops import (
 )
 
 __all__ = [
+    "flash_norm_attention",
     "fold_rmsnorm_weight",
+    "gdpa",
     "matmul",
     "matmul_layernorm",
     "matmul_layernorm_split_n",

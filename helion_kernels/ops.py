@@ -9,10 +9,12 @@ per shape per process: configs tuned by another process are seen after a restart
 from __future__ import annotations
 
 import functools
+import math
 import os
 import warnings
 from numbers import Real
 
+import helion
 import torch
 import torch.nn.functional as F
 from helion.runtime.ref_mode import is_ref_mode_enabled
@@ -21,6 +23,8 @@ from . import registry
 from .kernels import matmul as _matmul
 from .kernels import postnorm_full_row as _postnorm
 from .kernels import postnorm_split_n as _split_n
+from .kernels import flash_norm_attention as _fna
+from .kernels import gdpa as _gdpa
 from .kernels import rmsnorm_matmul as _rmsnorm_matmul
 from .kernels.spec import KernelSpec
 from .kernels.rmsnorm_matmul import fold_rmsnorm_weight
@@ -132,6 +136,7 @@ def clear_cache() -> None:
     """Forget compiled kernels and dispatch decisions so the next call re-reads the registry."""
     _BOUND.clear()
     _FUSED_CHOICE.clear()
+    _JAGGED_BOUND.clear()
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -522,3 +527,187 @@ def matmul_rmsnorm_split_n(
         return (y, rstd) if return_rstd else y
     y, rstd = run(_split_n.SPEC_RMSNORM, (*_as_operands(a, b, weight), float(eps)))
     return (y, rstd) if return_rstd else y
+
+
+# --- jagged GDPA and FlashNormAttention (technique 4): not yet tuned or measured ---------
+
+# Fixed configs until these kernels are tuned: [tile_q, tile_kv] and [KV tile, tile_q].
+GDPA_CONFIG = helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2)
+FLASH_NORM_ATTENTION_CONFIG = helion.Config(block_sizes=[128, 16], num_warps=8, num_stages=2)
+_JAGGED_BOUND: dict[tuple, object] = {}
+
+
+def _check_jagged(op: str, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv,
+                  activation, qk_scale, validate: bool) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{op}: {name} must be 3-D [total, H, D], got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES or t.dtype != q.dtype:
+            raise TypeError(f"{op}: q, k, v must share one of bf16/fp16/fp32, got "
+                            f"{q.dtype}, {k.dtype}, {v.dtype}")
+    if k.shape != v.shape or k.shape[1:] != q.shape[1:]:
+        raise ValueError(f"{op}: k and v must be [total_kv, H, D] with q's H and D; got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    for name, t in (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 1 or t.numel() < 1:
+            raise TypeError(f"{op}: {name} must be a 1-D int64 tensor [B + 1]")
+    if q_offsets.numel() != kv_offsets.numel():
+        raise ValueError(f"{op}: q_offsets has {q_offsets.numel()} entries and kv_offsets "
+                         f"{kv_offsets.numel()}; both must be [B + 1]")
+    _check_device(op, q, k, v, q_offsets, kv_offsets)
+    if activation not in _gdpa.ACTIVATIONS:
+        raise ValueError(f"{op}: activation must be one of {_gdpa.ACTIVATIONS}, got {activation!r}")
+    if isinstance(qk_scale, bool) or not isinstance(qk_scale, Real) or not math.isfinite(qk_scale):
+        raise ValueError(f"{op}: qk_scale must be a finite number, got {qk_scale!r}")
+    for name, limit in (("max_seq_len_q", max_seq_len_q), ("max_seq_len_kv", max_seq_len_kv)):
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"{op}: {name} must be an int >= 0, got {limit!r}")
+    _check_no_grad(op, q, k, v)
+    if not validate:
+        return
+    # One device-to-host copy of the offsets: the jagged layout must be consistent.
+    for name, offsets, total, limit in (
+        ("q", q_offsets, q.shape[0], max_seq_len_q), ("kv", kv_offsets, k.shape[0], max_seq_len_kv)
+    ):
+        values = offsets.tolist()
+        lengths = [b - a for a, b in zip(values, values[1:])]
+        if values[0] != 0 or values[-1] != total or any(n < 0 for n in lengths):
+            raise ValueError(f"{op}: {name}_offsets must start at 0, never decrease and end at "
+                             f"{total} (the rows of {name if name == 'q' else 'k/v'}); got "
+                             f"{values[:4]}{'...' if len(values) > 4 else ''} ending at {values[-1]}")
+        if lengths and max(lengths) > limit:
+            raise ValueError(f"{op}: a {name} sequence has {max(lengths)} rows, more than "
+                             f"max_seq_len_{name} = {limit}")
+
+
+def _run_jagged(kernel, args: tuple, config: helion.Config):
+    if is_ref_mode_enabled(kernel.settings):
+        return kernel(*args)
+    key = (kernel.name, kernel.specialization_key(args))
+    bound = _JAGGED_BOUND.get(key)
+    if bound is None:
+        bound = _JAGGED_BOUND[key] = kernel.bind(args)
+        bound.set_config(config)
+    return bound(*args)
+
+
+def gdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_seq_len_q: int,
+    max_seq_len_kv: int,
+    activation: str = "fast_gelu",
+    qk_scale: float = 1.0,
+    *,
+    validate: bool = True,
+) -> torch.Tensor:
+    """Jagged GDPA: ``act(q_i @ k_i^T * qk_scale) @ v_i`` for every sequence i and head.
+
+    The attention of the ads models in the PyTorch blog "Towards Free Normalization" (Meta,
+    2026), an activation in place of the softmax (:mod:`helion_kernels.kernels.gdpa`). Not
+    yet tuned: runs :data:`GDPA_CONFIG` on every GPU.
+
+    Args:
+        q: [total_q, H, D], bf16/fp16/fp32, CUDA. Sequence i is rows
+            ``q_offsets[i]:q_offsets[i + 1]``.
+        k, v: [total_kv, H, D], same dtype and device, delimited by ``kv_offsets``.
+        q_offsets, kv_offsets: int64 [B + 1], from 0 to total_q / total_kv, non-decreasing.
+        max_seq_len_q, max_seq_len_kv: upper bounds of the sequence lengths.
+        activation: "fast_gelu" (GELU, tanh approximation), "gelu", "silu" or "relu".
+        qk_scale: multiplies the scores before the activation.
+        validate: check the offsets' values (one device-to-host copy); False skips that.
+
+    Returns:
+        [total_q, H, D] in the input dtype (fp32 accumulation). Rows of a sequence with no
+        KV rows are 0.
+
+    Raises:
+        TypeError, ValueError: bad ranks, dtypes, devices, offsets, lengths past the
+            maxima, unknown activation. NotImplementedError: an input requires grad.
+    """
+    op = "gdpa"
+    _check_jagged(op, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv,
+                  activation, qk_scale, validate)
+    if q.shape[0] == 0:
+        return torch.empty_like(q)
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), q_offsets, kv_offsets,
+            float(qk_scale), _gdpa.ACTIVATIONS.index(activation))
+    return _run_jagged(_gdpa.gdpa_kernel, args, GDPA_CONFIG)
+
+
+def flash_norm_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_seq_len_q: int,
+    max_seq_len_kv: int,
+    ln_weight: torch.Tensor | None = None,
+    ln_bias: torch.Tensor | None = None,
+    rms_weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    activation: str = "fast_gelu",
+    qk_scale: float = 1.0,
+    *,
+    validate: bool = True,
+) -> torch.Tensor:
+    """FlashNormAttention forward: ``rms_norm(act(ln_q k^T) v + ln_q) + q`` in one kernel,
+    with ``ln_q = layer_norm(q)``; both norms over H*D, per jagged sequence.
+
+    Technique 4 of the PyTorch blog "Towards Free Normalization" (Meta, 2026); see
+    :mod:`helion_kernels.kernels.flash_norm_attention`. One program owns a tile of Q rows of
+    one sequence for all heads; the sequence's K/V (at most 128 rows) stay resident. Not yet
+    tuned: runs :data:`FLASH_NORM_ATTENTION_CONFIG` on every GPU.
+
+    Args:
+        q, k, v, q_offsets, kv_offsets, max_seq_len_q, activation, qk_scale, validate: as
+            :func:`gdpa`.
+        max_seq_len_kv: at most 128 (:data:`~.kernels.flash_norm_attention.MAX_SEQ_LEN_KV`).
+        ln_weight, ln_bias: LayerNorm affine parameters, [H * D] or [H, D], or None.
+        rms_weight: RMSNorm weight, [H * D] or [H, D], or None.
+        eps: of both norms, >= 0.
+
+    Returns:
+        [total_q, H, D] in the input dtype (fp32 statistics and accumulation).
+
+    Raises:
+        ValueError: ``max_seq_len_kv`` (or a KV sequence) longer than 128, with the unfused
+            alternative named; affine parameters of the wrong shape; and everything
+            :func:`gdpa` raises.
+    """
+    op = "flash_norm_attention"
+    limit = _fna.MAX_SEQ_LEN_KV
+    if isinstance(max_seq_len_kv, int) and not isinstance(max_seq_len_kv, bool) and max_seq_len_kv > limit:
+        raise ValueError(
+            f"{op}: max_seq_len_kv = {max_seq_len_kv} but one program keeps a sequence's K/V "
+            f"resident, at most {limit} rows; use gdpa() with separate norms for longer KV"
+        )
+    _check_jagged(op, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv,
+                  activation, qk_scale, validate)
+    heads, dim = q.shape[1], q.shape[2]
+    params = []
+    for name, t in (("ln_weight", ln_weight), ("ln_bias", ln_bias), ("rms_weight", rms_weight)):
+        if t is None:
+            params.append(None)
+            continue
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{op}: {name} must be a floating-point tensor or None")
+        if tuple(t.shape) not in ((heads * dim,), (heads, dim)):
+            raise ValueError(f"{op}: {name} must have shape [H * D] = ({heads * dim},) or "
+                             f"[H, D] = ({heads}, {dim}), got {tuple(t.shape)}")
+        _check_device(op, q, t)
+        params.append(t.reshape(heads, dim).contiguous())
+    _check_no_grad(op, *[p for p in params if p is not None])
+    if isinstance(eps, bool) or not isinstance(eps, Real) or not eps >= 0 or eps == float("inf"):
+        raise ValueError(f"{op}: eps must be a finite number >= 0, got {eps!r}")
+    if q.shape[0] == 0:
+        return torch.empty_like(q)
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), q_offsets, kv_offsets, *params,
+            float(eps), float(qk_scale), _gdpa.ACTIVATIONS.index(activation))
+    return _run_jagged(_fna.flash_norm_attention_kernel, args, FLASH_NORM_ATTENTION_CONFIG)

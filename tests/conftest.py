@@ -54,27 +54,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
+def _upcast_out_dtype(matmul):
+    """``matmul`` (torch.mm or torch.bmm) with ``out_dtype=`` done by upcasting on CPU."""
+
+    def with_out_dtype(a, b, *args, out_dtype=None, **kwargs):
+        if out_dtype is not None and a.device.type == "cpu":
+            return matmul(a.to(out_dtype), b.to(out_dtype), *args, **kwargs)
+        if out_dtype is not None:
+            kwargs["out_dtype"] = out_dtype
+        return matmul(a, b, *args, **kwargs)
+
+    return with_out_dtype
+
+
 @pytest.fixture(autouse=True)
 def _cpu_workarounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Patch two known CPU gaps for the duration of each test (never in the library).
 
-    * torch 2.13's CPU build has no kernel for ``torch.mm(..., out_dtype=)``, which Helion's
-      reference mode uses for every dot: upcast both operands instead (exact products,
-      accumulation in ``out_dtype``).
+    * torch 2.13's CPU build has no kernel for ``torch.mm(..., out_dtype=)`` (nor
+      ``torch.bmm``), which Helion's reference mode uses for every dot: upcast both operands
+      instead (exact products, accumulation in ``out_dtype``).
     * The Triton interpreter does not implement ``libdevice.rsqrt``: route it to
       ``tl.math.rsqrt``, which the interpreter does implement.
     """
     if MODE == "ref_mode":
-        mm = torch.mm
-
-        def mm_with_out_dtype(a, b, *args, out_dtype=None, **kwargs):
-            if out_dtype is not None and a.device.type == "cpu":
-                return mm(a.to(out_dtype), b.to(out_dtype), *args, **kwargs)
-            if out_dtype is not None:
-                kwargs["out_dtype"] = out_dtype
-            return mm(a, b, *args, **kwargs)
-
-        monkeypatch.setattr(torch, "mm", mm_with_out_dtype)
+        for name in ("mm", "bmm"):
+            monkeypatch.setattr(torch, name, _upcast_out_dtype(getattr(torch, name)))
     elif MODE == "triton_interpret":
         import triton.language as tl
         from triton.language.extra import libdevice

@@ -1,0 +1,125 @@
+"""FlashNormAttention (forward): GDPA with LayerNorm on Q, RMSNorm on the output and both
+residuals, in one kernel.
+
+Technique 4 of the PyTorch blog "Towards Free Normalization: Fusing Normalization into
+GEMM and Attention Kernels" (Meta, July 2026). For jagged sequences (offsets as in
+:mod:`.gdpa`) and per Q row of width H*D::
+
+    ln_q = layer_norm(q, (H*D,), ln_weight, ln_bias, eps)
+    o    = act(ln_q_h @ k_h^T * qk_scale) @ v_h + ln_q_h        for every head h
+    out  = rms_norm(o, (H*D,), rms_weight, eps) + q
+
+Unfused, that is a LayerNorm pass, the attention, a residual add, an RMSNorm pass and a
+second residual add, each a round trip of [total_q, H, D] through memory. Here one program
+owns a tile of Q rows of one sequence **for all heads**, so both norms over H*D are
+reductions over a register tile: ``q`` is read once and ``out`` written once.
+
+The sequence's K and V stay resident while the program walks its Q tiles: the KV tile is a
+registered block size whose minimum and maximum are both :data:`MAX_SEQ_LEN_KV` (128), so
+every config covers a whole KV sequence in one tile and the KV loop runs once. Longer KV
+sequences are refused before launch (the unfused :func:`~helion_kernels.gdpa` has no such
+limit).
+"""
+
+from __future__ import annotations
+
+import helion
+import helion.language as hl
+import torch
+import torch.nn.functional as F
+
+from .gdpa import ACTIVATIONS, apply_activation, gdpa_reference
+
+MAX_SEQ_LEN_KV = 128
+
+__all__ = [
+    "ACTIVATIONS",
+    "MAX_SEQ_LEN_KV",
+    "flash_norm_attention_kernel",
+    "flash_norm_attention_reference",
+]
+
+
+@helion.kernel(static_shapes=True)
+def flash_norm_attention_kernel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    rms_weight: torch.Tensor | None,
+    eps: float,
+    qk_scale: float,
+    activation: int,
+) -> torch.Tensor:
+    """``out`` [total_q, H, D] in ``q.dtype``. Affine parameters are [H, D] (or None);
+    ``activation`` indexes :data:`ACTIVATIONS`. Config ``block_sizes`` = [KV tile (fixed to
+    128), tile_q]."""
+    num_heads = hl.specialize(q.size(1))
+    head_dim = hl.specialize(q.size(2))
+    act = hl.specialize(activation)
+    width = num_heads * head_dim
+    # min == max: one KV tile holds a whole (<= 128) KV sequence, whatever the config says.
+    block_kv = hl.register_block_size(MAX_SEQ_LEN_KV, MAX_SEQ_LEN_KV)
+    batch = q_offsets.size(0) - 1
+    out = torch.empty_like(q)
+    for seq in hl.grid(batch):
+        q_start = q_offsets[seq]
+        q_end = q_offsets[seq + 1]
+        kv_start = kv_offsets[seq]
+        kv_end = kv_offsets[seq + 1]
+        for tile_q in hl.tile(q_start, q_end):
+            x = q[tile_q, :, :].to(torch.float32)  # [tq, H, D]
+            mean = torch.sum(torch.sum(x, dim=2), dim=1) / width
+            centred = x - mean[:, None, None]
+            var = torch.sum(torch.sum(centred * centred, dim=2), dim=1) / width
+            ln = centred * torch.rsqrt(var + eps)[:, None, None]
+            if ln_weight is not None:
+                ln = ln * ln_weight[None, :, :].to(torch.float32)
+            if ln_bias is not None:
+                ln = ln + ln_bias[None, :, :].to(torch.float32)
+            ln_heads = ln.to(q.dtype).permute(1, 0, 2)  # [H, tq, D]
+            acc = hl.zeros([num_heads, tile_q, head_dim], dtype=torch.float32)
+            for tile_kv in hl.tile(kv_start, kv_end, block_size=block_kv):
+                s = torch.bmm(ln_heads, k[tile_kv, :, :].permute(1, 2, 0)) * qk_scale  # [H, tq, tkv]
+                p = apply_activation(s, act)
+                acc = torch.baddbmm(acc, p.to(v.dtype), v[tile_kv, :, :].permute(1, 0, 2))
+            o = acc.permute(1, 0, 2) + ln  # [tq, H, D], the first residual
+            mean_sq = torch.sum(torch.sum(o * o, dim=2), dim=1) / width
+            y = o * torch.rsqrt(mean_sq + eps)[:, None, None]
+            if rms_weight is not None:
+                y = y * rms_weight[None, :, :].to(torch.float32)
+            out[tile_q, :, :] = (y + x).to(out.dtype)  # the second residual
+    return out
+
+
+def flash_norm_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    ln_weight: torch.Tensor | None = None,
+    ln_bias: torch.Tensor | None = None,
+    rms_weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    qk_scale: float = 1.0,
+    activation: str = "fast_gelu",
+) -> torch.Tensor:
+    """The unfused block in fp32 (float64 stays float64), affine parameters [H, D] or None."""
+    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    total, heads, dim = q.shape
+
+    def flat(t):
+        return None if t is None else t.to(dt).reshape(heads * dim)
+
+    q32 = q.to(dt)
+    ln = F.layer_norm(q32.reshape(total, -1), (heads * dim,), flat(ln_weight), flat(ln_bias), eps)
+    ln = ln.reshape(total, heads, dim)
+    o = gdpa_reference(ln, k.to(dt), v.to(dt), q_offsets, kv_offsets, qk_scale, activation) + ln
+    y = F.rms_norm(o.reshape(total, -1), (heads * dim,), flat(rms_weight), eps)
+    return y.reshape(total, heads, dim) + q32
+
+

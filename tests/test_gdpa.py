@@ -1,0 +1,186 @@
+"""Jagged GDPA and FlashNormAttention (forward) in Helion's reference mode, and their errors.
+
+The jagged kernels loop over data-dependent row ranges, which the Triton interpreter of
+triton 3.6 cannot run (it cannot use a loaded offset as a loop bound), so their generated
+code is checked for compiling only; CUDA tests run both on a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helion_kernels import flash_norm_attention, gdpa
+from helion_kernels.kernels.flash_norm_attention import (
+    MAX_SEQ_LEN_KV,
+    flash_norm_attention_kernel,
+    flash_norm_attention_reference,
+)
+from helion_kernels.kernels.gdpa import (
+    ACTIVATIONS,
+    gdpa_kernel,
+    gdpa_reference,
+    jagged_lengths,
+    random_jagged_inputs,
+)
+from helion_kernels.verify import check_outputs
+
+pytestmark = pytest.mark.usefixtures("poisoned_empty")
+
+# Empty Q and empty KV sequences, sequences shorter than any Q tile, a full 128-row KV.
+Q_LENGTHS = [5, 0, 37, 3, 1, 20]
+KV_LENGTHS = [7, 4, 0, 9, 128, 1]
+
+
+def _check_per_sequence(out, ref, q_offsets, dtype):
+    """``check_outputs`` sequence by sequence, so each is held to its own scale (outputs of a
+    128-row KV sequence are ~10x those of a 4-row one); a sequence with no KV rows must be
+    exactly 0."""
+    bounds = q_offsets.tolist()
+    assert out.shape == ref.shape
+    for start, end in zip(bounds, bounds[1:]):
+        check_outputs(out[start:end], ref[start:end], dtype)
+
+
+def _inputs(dtype, device, seed, heads=3, dim=64, q_lengths=Q_LENGTHS, kv_lengths=KV_LENGTHS):
+    return random_jagged_inputs(q_lengths, kv_lengths, heads, dim, dtype, device, seed)
+
+
+def _affine(heads, dim, dtype, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return tuple((base + 0.2 * torch.randn(heads * dim, generator=gen)).to(device=device, dtype=dtype)
+                 for base in (1.0, 0.0, 1.0))
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_gdpa_matches_fp64(activation, dtype, device):
+    q, k, v, qo, ko = _inputs(dtype, device, 1)
+    out = gdpa(q, k, v, qo, ko, 37, 128, activation, qk_scale=0.7)
+    assert out.dtype == dtype and out.shape == q.shape
+    ref = gdpa_reference(q.double(), k.double(), v.double(), qo, ko, 0.7, activation)
+    _check_per_sequence(out, ref, qo, dtype)
+    assert (out[5:42] == 0).all() and (out[45] != 0).any()  # no KV rows; 128 KV rows
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+@pytest.mark.parametrize(("heads", "dim"), [(3, 64), (2, 128)], ids=["H3xD64", "H2xD128"])
+def test_flash_norm_attention_matches_fp64(heads, dim, affine, activation, dtype, device):
+    q, k, v, qo, ko = _inputs(dtype, device, 2, heads, dim)
+    params = _affine(heads, dim, dtype, device, 3) if affine else (None, None, None)
+    out = flash_norm_attention(q, k, v, qo, ko, 37, 128, *params, eps=1e-5,
+                               activation=activation, qk_scale=0.5)
+    ref = flash_norm_attention_reference(q.double(), k.double(), v.double(), qo, ko,
+                                         *[None if p is None else p.double().view(heads, dim) for p in params],
+                                         1e-5, 0.5, activation)
+    _check_per_sequence(out, ref, qo, dtype)
+
+
+@pytest.mark.ref_mode
+def test_affine_shapes_h_d_and_flat_agree(device):
+    q, k, v, qo, ko = _inputs(torch.float32, device, 4)
+    flat = _affine(3, 64, torch.float32, device, 5)
+    a = flash_norm_attention(q, k, v, qo, ko, 37, 128, *flat)
+    b = flash_norm_attention(q, k, v, qo, ko, 37, 128, *[p.view(3, 64) for p in flat])
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("fn", [gdpa, flash_norm_attention], ids=lambda f: f.__name__)
+def test_single_sequence_and_all_empty(fn, device):
+    q, k, v, qo, ko = _inputs(torch.float32, device, 6, q_lengths=[11], kv_lengths=[13])
+    assert fn(q, k, v, qo, ko, 11, 13).shape == (11, 3, 64)
+    q, k, v, qo, ko = _inputs(torch.float32, device, 7, q_lengths=[0, 0], kv_lengths=[3, 0])
+    assert fn(q, k, v, qo, ko, 0, 3).shape == (0, 3, 64)
+
+
+def _bad(fn, match, **overrides):
+    q, k, v, qo, ko = _inputs(torch.float32, "cpu", 8)
+    kwargs = dict(q=q, k=k, v=v, q_offsets=qo, kv_offsets=ko, max_seq_len_q=37, max_seq_len_kv=128)
+    kwargs.update(overrides)
+    with pytest.raises((TypeError, ValueError), match=match):
+        fn(**kwargs)
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("fn", [gdpa, flash_norm_attention], ids=lambda f: f.__name__)
+def test_bad_inputs_raise_before_launch(fn, monkeypatch):
+    import helion_kernels.ops as ops
+
+    monkeypatch.setattr(ops, "_run_jagged", lambda *a: pytest.fail("launched on bad input"))
+    q, k, v, qo, ko = _inputs(torch.float32, "cpu", 8)
+    _bad(fn, "mismatched|both must be", kv_offsets=ko[:-1])
+    _bad(fn, "must start at 0", q_offsets=qo + 1)
+    _bad(fn, "never decrease", kv_offsets=ko.flip(0))
+    _bad(fn, "int64", q_offsets=qo.int())
+    _bad(fn, "3-D", q=q[:, 0])
+    _bad(fn, "with q's H and D", k=k[:, :2])
+    _bad(fn, "share one of", v=v.double())
+    _bad(fn, "more than max_seq_len_q = 36", max_seq_len_q=36)
+    _bad(fn, "activation must be one of", activation="tanh")
+    _bad(fn, "qk_scale must be a finite", qk_scale=float("nan"))
+
+
+@pytest.mark.ref_mode
+def test_flash_norm_attention_refuses_long_kv():
+    q, k, v, qo, ko = _inputs(torch.float32, "cpu", 9, q_lengths=[4], kv_lengths=[129])
+    with pytest.raises(ValueError, match=rf"at most {MAX_SEQ_LEN_KV} rows; use gdpa\(\)"):
+        flash_norm_attention(q, k, v, qo, ko, 4, 129)
+    with pytest.raises(ValueError, match="more than max_seq_len_kv = 128"):
+        flash_norm_attention(q, k, v, qo, ko, 4, 128)  # the lengths are checked too
+    assert gdpa(q, k, v, qo, ko, 4, 129).shape == q.shape  # the unfused block has no limit
+    q, k, v, qo, ko = _inputs(torch.float32, "cpu", 9, q_lengths=[4], kv_lengths=[128])
+    with pytest.raises(ValueError, match=r"ln_weight must have shape \[H \* D\]"):
+        flash_norm_attention(q, k, v, qo, ko, 4, 128, ln_weight=torch.ones(7))
+
+
+def test_jagged_lengths_average_fill():
+    lengths = jagged_lengths(768, 3000, fill=0.5, seed=0)
+    assert len(lengths) == 768 and min(lengths) >= 0 and max(lengths) <= 3000
+    assert abs(sum(lengths) / (768 * 3000) - 0.5) < 0.03
+    assert lengths == jagged_lengths(768, 3000, fill=0.5, seed=0)
+
+
+@pytest.mark.triton_interpret  # code generation only (see the module docstring)
+def test_generated_code_keeps_the_whole_kv_sequence_in_one_tile():
+    import helion
+
+    q, k, v, qo, ko = _inputs(torch.float16, "cpu", 10, heads=2, dim=128)
+    w = torch.ones(2, 128, dtype=torch.float16)
+    bound = flash_norm_attention_kernel.bind((q, k, v, qo, ko, w, w, w, 1e-5, 1.0, 0))
+    for cfg in (helion.Config(block_sizes=[16, 32], num_warps=4),
+                helion.Config(block_sizes=[64, 16], num_warps=8, num_stages=2)):
+        code = bound.to_triton_code(cfg)
+        assert f"tl.constexpr({MAX_SEQ_LEN_KV})" in code and "tl.dot" in code
+    assert "tl.dot" in gdpa_kernel.bind((q, k, v, qo, ko, 1.0, 2)).to_triton_code(
+        helion.Config(block_sizes=[32, 32]))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_cuda_both_kernels(activation):
+    q, k, v, qo, ko = _inputs(torch.bfloat16, "cuda", 11, heads=4, dim=128)
+    params = _affine(4, 128, torch.bfloat16, "cuda", 12)
+    ref = gdpa_reference(q, k, v, qo, ko, 1.0, activation)
+    _check_per_sequence(gdpa(q, k, v, qo, ko, 37, 128, activation), ref, qo, torch.bfloat16)
+    out = flash_norm_attention(q, k, v, qo, ko, 37, 128, *params, activation=activation)
+    ref = flash_norm_attention_reference(q, k, v, qo, ko, *[p.view(4, 128) for p in params],
+                                         1e-5, 1.0, activation)
+    _check_per_sequence(out, ref, qo, torch.bfloat16)
+
+
+@pytest.mark.ref_mode
+def test_each_activation_is_the_named_one(device):
+    """fp32 on the CPU is exact enough to tell GELU from its tanh approximation (they differ
+    by ~1e-3, inside the bf16 tolerance of the tests above)."""
+    q, k, v, qo, ko = _inputs(torch.float32, device, 13)
+    outs = {}
+    for index, name in enumerate(ACTIVATIONS):
+        outs[name] = gdpa_kernel(q, k, v, qo, ko, 1.0, index)
+        ref = gdpa_reference(q.double(), k.double(), v.double(), qo, ko, 1.0, name)
+        torch.testing.assert_close(outs[name].double(), ref, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(outs["gelu"], outs["fast_gelu"], rtol=0, atol=1e-5)
