@@ -12,7 +12,7 @@ import functools
 import math
 import os
 import warnings
-from numbers import Real
+from numbers import Integral, Real
 
 import helion
 import torch
@@ -210,8 +210,7 @@ def rmsnorm_matmul(
         if not weight.is_floating_point():
             raise TypeError(f"{op}: weight must be floating point, got {weight.dtype}")
         _check_device(op, a, weight)
-    if isinstance(eps, bool) or not isinstance(eps, Real) or not eps >= 0 or eps == float("inf"):
-        raise ValueError(f"{op}: eps must be a finite number >= 0, got {eps!r}")
+    _finite(op, "eps", eps, minimum=0.0)
     _check_no_grad(op, a, b, weight)
     m, n = a.shape[0], b.shape[1]
     if m == 0 or n == 0:
@@ -276,8 +275,7 @@ def _check_norm_params(op: str, a: torch.Tensor, n: int, eps, **params) -> None:
         if not t.is_floating_point():
             raise TypeError(f"{op}: {name} must be floating point, got {t.dtype}")
         _check_device(op, a, t)
-    if isinstance(eps, bool) or not isinstance(eps, Real) or not eps >= 0 or eps == float("inf"):
-        raise ValueError(f"{op}: eps must be a finite number >= 0, got {eps!r}")
+    _finite(op, "eps", eps, minimum=0.0)
 
 
 def _registry_choice(spec: KernelSpec, args: tuple) -> bool:
@@ -487,7 +485,9 @@ def matmul_layernorm_split_n(
     standalone norm; ``matmul_layernorm`` does not dispatch to it yet.
 
     Args, returns and errors: as :func:`matmul_layernorm`, without ``fused`` and without an
-    N limit.
+    N limit. The un-normalised tile is stored in the input dtype between the phases
+    (centred on its tile mean), so with fp16 inputs a deviation past 65504 overflows, as
+    in cuBLAS + a standalone norm; the full-row kernel keeps it in fp32 registers.
     """
     op = "matmul_layernorm_split_n"
     _check_gemm_operands(op, a, b)
@@ -512,8 +512,9 @@ def matmul_rmsnorm_split_n(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``rms_norm(a @ b, (N,), weight, eps)`` for any N, the row split over programs.
 
-    The RMSNorm twin of :func:`matmul_layernorm_split_n` (same technique, same caveat: not
-    yet tuned or measured). Args, returns and errors: as :func:`matmul_rmsnorm`, without
+    The RMSNorm twin of :func:`matmul_layernorm_split_n` (same technique, same caveats: not
+    yet tuned or measured; with fp16 inputs a product past 65504 overflows between the
+    phases). Args, returns and errors: as :func:`matmul_rmsnorm`, without
     ``fused`` and without an N limit.
     """
     op = "matmul_rmsnorm_split_n"
@@ -537,6 +538,18 @@ FLASH_NORM_ATTENTION_CONFIG = helion.Config(block_sizes=[128, 16], num_warps=8, 
 _JAGGED_BOUND: dict[tuple, object] = {}
 
 
+def _finite(op: str, name: str, x, minimum: float | None = None) -> float:
+    """``x`` as a float; ValueError unless it is a finite real number (>= minimum)."""
+    try:
+        value = float(x) if isinstance(x, Real) and not isinstance(x, bool) else None
+    except OverflowError:
+        value = None
+    if value is None or not math.isfinite(value) or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" >= {minimum:g}"
+        raise ValueError(f"{op}: {name} must be a finite number{bound}, got {x!r}")
+    return value
+
+
 def _check_jagged(op: str, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv,
                   activation, qk_scale, validate: bool) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -551,18 +564,21 @@ def _check_jagged(op: str, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_se
         raise ValueError(f"{op}: k and v must be [total_kv, H, D] with q's H and D; got q "
                          f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     for name, t in (("q_offsets", q_offsets), ("kv_offsets", kv_offsets)):
-        if not isinstance(t, torch.Tensor) or t.dtype != torch.int64 or t.dim() != 1 or t.numel() < 1:
-            raise TypeError(f"{op}: {name} must be a 1-D int64 tensor [B + 1]")
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
+            got = f"a {t.dtype} tensor" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{op}: {name} must be an int64 tensor [B + 1], got {got}")
+        if t.dim() != 1 or t.numel() < 1:
+            raise ValueError(f"{op}: {name} must be 1-D with B + 1 >= 1 entries, got shape "
+                             f"{tuple(t.shape)}")
     if q_offsets.numel() != kv_offsets.numel():
         raise ValueError(f"{op}: q_offsets has {q_offsets.numel()} entries and kv_offsets "
                          f"{kv_offsets.numel()}; both must be [B + 1]")
     _check_device(op, q, k, v, q_offsets, kv_offsets)
     if activation not in _gdpa.ACTIVATIONS:
         raise ValueError(f"{op}: activation must be one of {_gdpa.ACTIVATIONS}, got {activation!r}")
-    if isinstance(qk_scale, bool) or not isinstance(qk_scale, Real) or not math.isfinite(qk_scale):
-        raise ValueError(f"{op}: qk_scale must be a finite number, got {qk_scale!r}")
+    _finite(op, "qk_scale", qk_scale)
     for name, limit in (("max_seq_len_q", max_seq_len_q), ("max_seq_len_kv", max_seq_len_kv)):
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        if isinstance(limit, bool) or not isinstance(limit, Integral) or limit < 0:
             raise ValueError(f"{op}: {name} must be an int >= 0, got {limit!r}")
     _check_no_grad(op, q, k, v)
     if not validate:
@@ -620,11 +636,14 @@ def gdpa(
         max_seq_len_q, max_seq_len_kv: upper bounds of the sequence lengths.
         activation: "fast_gelu" (GELU, tanh approximation), "gelu", "silu" or "relu".
         qk_scale: multiplies the scores before the activation.
-        validate: check the offsets' values (one device-to-host copy); False skips that.
+        validate: check the offsets' values (one device-to-host copy). False skips that, and
+            then offsets that are not 0..total and non-decreasing are undefined behaviour
+            (out-of-bounds reads and writes on a GPU).
 
     Returns:
-        [total_q, H, D] in the input dtype (fp32 accumulation). Rows of a sequence with no
-        KV rows are 0.
+        [total_q, H, D] in the input dtype (fp32 accumulation; the activation's output is
+        rounded to the input dtype before the second GEMM, as in flash attention, so fp16
+        scores past 65504 overflow). Rows of a sequence with no KV rows are 0.
 
     Raises:
         TypeError, ValueError: bad ranks, dtypes, devices, offsets, lengths past the
@@ -704,8 +723,7 @@ def flash_norm_attention(
         _check_device(op, q, t)
         params.append(t.reshape(heads, dim).contiguous())
     _check_no_grad(op, *[p for p in params if p is not None])
-    if isinstance(eps, bool) or not isinstance(eps, Real) or not eps >= 0 or eps == float("inf"):
-        raise ValueError(f"{op}: eps must be a finite number >= 0, got {eps!r}")
+    _finite(op, "eps", eps, minimum=0.0)
     if q.shape[0] == 0:
         return torch.empty_like(q)
     args = (q.contiguous(), k.contiguous(), v.contiguous(), q_offsets, kv_offsets, *params,

@@ -74,8 +74,11 @@ def _cpu_workarounds(monkeypatch: pytest.MonkeyPatch) -> None:
     * torch 2.13's CPU build has no kernel for ``torch.mm(..., out_dtype=)`` (nor
       ``torch.bmm``), which Helion's reference mode uses for every dot: upcast both operands
       instead (exact products, accumulation in ``out_dtype``).
-    * The Triton interpreter does not implement ``libdevice.rsqrt``: route it to
-      ``tl.math.rsqrt``, which the interpreter does implement.
+    * The Triton interpreter does not implement ``libdevice.rsqrt``, ``tanh`` or ``erf``:
+      route them to ``tl.math.rsqrt``, ``2 * sigmoid(2x) - 1`` and ``tl.math.erf``.
+    * The Triton interpreter cannot use a value loaded from memory as a loop bound (it is a
+      1-element array there, not a scalar), which the jagged kernels do with their offsets:
+      make the interpreter's tensor ``__index__`` accept a 1-element array.
     """
     if MODE == "ref_mode":
         for name in ("mm", "bmm"):
@@ -84,7 +87,18 @@ def _cpu_workarounds(monkeypatch: pytest.MonkeyPatch) -> None:
         import triton.language as tl
         from triton.language.extra import libdevice
 
+        import triton.runtime.interpreter as interpreter
+
         monkeypatch.setattr(libdevice, "rsqrt", lambda x, **kw: tl.math.rsqrt(x))
+        monkeypatch.setattr(libdevice, "tanh", lambda x, **kw: 2 * tl.sigmoid(2 * x) - 1)
+        monkeypatch.setattr(libdevice, "erf", lambda x, **kw: tl.math.erf(x))
+        patch_tensor = interpreter._patch_lang_tensor
+
+        def patch_tensor_with_index(tensor, scope):
+            patch_tensor(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+        monkeypatch.setattr(interpreter, "_patch_lang_tensor", patch_tensor_with_index)
 
 
 @pytest.fixture

@@ -1,8 +1,7 @@
-"""Jagged GDPA and FlashNormAttention (forward) in Helion's reference mode, and their errors.
+"""Jagged GDPA and FlashNormAttention (forward): reference mode, Triton interpreter, errors.
 
-The jagged kernels loop over data-dependent row ranges, which the Triton interpreter of
-triton 3.6 cannot run (it cannot use a loaded offset as a loop bound), so their generated
-code is checked for compiling only; CUDA tests run both on a GPU.
+Under the Triton interpreter the jagged loops need one of the conftest work-arounds (a
+loaded offset as a loop bound); CUDA tests run both kernels on a GPU.
 """
 
 from __future__ import annotations
@@ -160,6 +159,33 @@ def test_generated_code_keeps_the_whole_kv_sequence_in_one_tile():
         helion.Config(block_sizes=[32, 32]))
 
 
+INTERPRETER_Q = [5, 0, 17, 3]  # tile_q = 4: partial tiles, an empty sequence
+INTERPRETER_KV = [7, 4, 0, 9]  # an empty KV sequence
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("heads", [2, 3])  # H * D not a power of two with H = 3
+def test_generated_code_under_the_interpreter(heads, activation):
+    import helion
+
+    dtype = torch.float16  # bf16 tl.dot is broken in the interpreter
+    q, k, v, qo, ko = _inputs(dtype, "cpu", 14, heads, 32, INTERPRETER_Q, INTERPRETER_KV)
+    index = ACTIVATIONS.index(activation)
+    bound = gdpa_kernel.bind((q, k, v, qo, ko, 0.7, index))
+    bound.set_config(helion.Config(block_sizes=[4, 8], num_warps=4, num_stages=1))
+    ref = gdpa_reference(q.double(), k.double(), v.double(), qo, ko, 0.7, activation)
+    _check_per_sequence(bound(q, k, v, qo, ko, 0.7, index), ref, qo, dtype)
+
+    w, b, r = (p.view(heads, 32) for p in _affine(heads, 32, dtype, "cpu", 15))
+    args = (q, k, v, qo, ko, w, b, r, 1e-5, 0.7, index)
+    bound = flash_norm_attention_kernel.bind(args)
+    bound.set_config(helion.Config(block_sizes=[16, 4], num_warps=4, num_stages=1))
+    ref = flash_norm_attention_reference(q.double(), k.double(), v.double(), qo, ko, w.double(),
+                                         b.double(), r.double(), 1e-5, 0.7, activation)
+    _check_per_sequence(bound(*args), ref, qo, dtype)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_cuda_both_kernels(activation):
@@ -184,3 +210,19 @@ def test_each_activation_is_the_named_one(device):
         ref = gdpa_reference(q.double(), k.double(), v.double(), qo, ko, 1.0, name)
         torch.testing.assert_close(outs[name].double(), ref, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(outs["gelu"], outs["fast_gelu"], rtol=0, atol=1e-5)
+
+
+@pytest.mark.ref_mode
+def test_argument_types_and_sizes():
+    q, k, v, qo, ko = _inputs(torch.float32, "cpu", 16)
+    with pytest.raises(ValueError, match="qk_scale must be a finite number"):
+        gdpa(q, k, v, qo, ko, 37, 128, qk_scale=10**400)
+    with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+        flash_norm_attention(q, k, v, qo, ko, 37, 128, eps=10**400)
+    with pytest.raises(TypeError, match="kv_offsets must be an int64 tensor .* got a torch.int32 tensor"):
+        gdpa(q, k, v, qo, ko.int(), 37, 128)
+    with pytest.raises(ValueError, match=r"q_offsets must be 1-D .* got shape \(0,\)"):
+        gdpa(q, k, v, qo[:0], ko[:0], 37, 128)
+    import numpy  # a dependency of pandas, so always installed; its integers are ints too
+
+    assert gdpa(q, k, v, qo, ko, numpy.int64(37), numpy.int64(128)).shape == q.shape

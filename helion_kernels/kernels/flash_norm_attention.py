@@ -81,7 +81,7 @@ def flash_norm_attention_kernel(
             if ln_bias is not None:
                 ln = ln + ln_bias[None, :, :].to(torch.float32)
             ln_heads = ln.to(q.dtype).permute(1, 0, 2)  # [H, tq, D]
-            acc = hl.zeros([num_heads, tile_q, head_dim], dtype=torch.float32)
+            acc = torch.zeros_like(ln_heads, dtype=torch.float32)  # [H, tq, D] as loaded
             for tile_kv in hl.tile(kv_start, kv_end, block_size=block_kv):
                 s = torch.bmm(ln_heads, k[tile_kv, :, :].permute(1, 2, 0)) * qk_scale  # [H, tq, tkv]
                 p = apply_activation(s, act)
