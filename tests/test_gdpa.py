@@ -226,3 +226,20 @@ def test_argument_types_and_sizes():
     import numpy  # a dependency of pandas, so always installed; its integers are ints too
 
     assert gdpa(q, k, v, qo, ko, numpy.int64(37), numpy.int64(128)).shape == q.shape
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_unfused_baseline_is_the_same_block(activation, dtype, device):
+    """The benchmark's baseline (padded attention, jagged norms) against the per-sequence
+    fp64 reference, eagerly (its torch.compile form is what the benchmark times)."""
+    from helion_kernels.kernels.flash_norm_attention import unfused_block
+
+    q, k, v, qo, ko = _inputs(dtype, device, 17)
+    params = _affine(3, 64, dtype, device, 18)
+    out = unfused_block(q, k, v, qo, ko, 37, 128, *params, 1e-5, 0.7, activation)
+    assert out.dtype == dtype
+    ref = flash_norm_attention_reference(q.double(), k.double(), v.double(), qo, ko,
+                                         *[p.double().view(3, 64) for p in params], 1e-5, 0.7, activation)
+    _check_per_sequence(out, ref, qo, dtype)

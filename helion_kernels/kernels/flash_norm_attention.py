@@ -28,7 +28,7 @@ import helion.language as hl
 import torch
 import torch.nn.functional as F
 
-from .gdpa import ACTIVATIONS, apply_activation, gdpa_reference
+from .gdpa import ACTIVATIONS, activation_fn, apply_activation, gdpa_reference
 
 MAX_SEQ_LEN_KV = 128
 
@@ -37,6 +37,7 @@ __all__ = [
     "MAX_SEQ_LEN_KV",
     "flash_norm_attention_kernel",
     "flash_norm_attention_reference",
+    "unfused_block",
 ]
 
 
@@ -123,3 +124,48 @@ def flash_norm_attention_reference(
     return y.reshape(total, heads, dim) + q32
 
 
+
+
+def unfused_block(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_seq_len_q: int,
+    max_seq_len_kv: int,
+    ln_weight: torch.Tensor | None = None,
+    ln_bias: torch.Tensor | None = None,
+    rms_weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    qk_scale: float = 1.0,
+    activation: str = "fast_gelu",
+) -> torch.Tensor:
+    """The block as a PyTorch user writes it (the benchmark's baseline, eager or under
+    ``torch.compile``): norms on the jagged rows, attention on zero-padded [B, L, H, D]
+    copies, the result gathered back to the jagged rows. Affine parameters are [H * D].
+
+    Zero padding is exact here: a padded K row gives a score of 0, every activation maps 0
+    to 0, and padded V rows are 0. Same dtype in and out; ``torch.compile`` it with
+    ``dynamic=False`` per workload row.
+    """
+    total, heads, dim = q.shape
+    batch = q_offsets.numel() - 1
+    width = heads * dim
+    ln = F.layer_norm(q.reshape(total, width), (width,), ln_weight, ln_bias, eps).view(total, heads, dim)
+
+    def padded(x, offsets, max_len):
+        lengths = offsets[1:] - offsets[:-1]
+        seq = torch.repeat_interleave(torch.arange(batch, device=x.device), lengths, output_size=x.shape[0])
+        pos = torch.arange(x.shape[0], device=x.device) - offsets[seq]
+        out = x.new_zeros(batch, max_len, heads, dim)
+        out[seq, pos] = x
+        return out, seq, pos
+
+    ln_pad, seq, pos = padded(ln, q_offsets, max_seq_len_q)
+    k_pad, _, _ = padded(k, kv_offsets, max_seq_len_kv)
+    v_pad, _, _ = padded(v, kv_offsets, max_seq_len_kv)
+    scores = torch.einsum("bqhd,bkhd->bhqk", ln_pad, k_pad) * qk_scale
+    o_pad = torch.einsum("bhqk,bkhd->bqhd", activation_fn(activation)(scores), v_pad)
+    o = o_pad[seq, pos] + ln
+    return F.rms_norm(o.reshape(total, width), (width,), rms_weight, eps).view(total, heads, dim) + q
