@@ -201,16 +201,7 @@ def rmsnorm_matmul(
     """
     op = "rmsnorm_matmul"
     _check_gemm_operands(op, a, b)
-    k = a.shape[1]
-    if weight is not None:
-        if not isinstance(weight, torch.Tensor):
-            raise TypeError(f"{op}: weight must be a torch.Tensor or None, got {type(weight).__name__}")
-        if tuple(weight.shape) != (k,):
-            raise ValueError(f"{op}: weight must have shape [K] = ({k},), got {tuple(weight.shape)}")
-        if not weight.is_floating_point():
-            raise TypeError(f"{op}: weight must be floating point, got {weight.dtype}")
-        _check_device(op, a, weight)
-    _finite(op, "eps", eps, minimum=0.0)
+    _check_norm_params(op, a, a.shape[1], eps, dim="K", weight=weight)  # the norm is over K
     _check_no_grad(op, a, b, weight)
     m, n = a.shape[0], b.shape[1]
     if m == 0 or n == 0:
@@ -264,14 +255,16 @@ def _unfused_norm(fn, x: torch.Tensor, *params):
     return (_inductor(fn) if x.is_cuda else fn)(x, *params)
 
 
-def _check_norm_params(op: str, a: torch.Tensor, n: int, eps, **params) -> None:
+def _check_norm_params(op: str, a: torch.Tensor, n: int, eps, dim: str = "N", **params) -> None:
+    """Each affine parameter in ``params`` None or a float tensor [n] on ``a``'s device (``dim``
+    names n in the message); ``eps`` finite and >= 0."""
     for name, t in params.items():
         if t is None:
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor or None, got {type(t).__name__}")
         if tuple(t.shape) != (n,):
-            raise ValueError(f"{op}: {name} must have shape [N] = ({n},), got {tuple(t.shape)}")
+            raise ValueError(f"{op}: {name} must have shape [{dim}] = ({n},), got {tuple(t.shape)}")
         if not t.is_floating_point():
             raise TypeError(f"{op}: {name} must be floating point, got {t.dtype}")
         _check_device(op, a, t)
