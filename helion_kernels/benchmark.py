@@ -117,8 +117,14 @@ def _version(pkg: str) -> str:
         return "absent"
 
 
-def write_results(df: pd.DataFrame, meta: dict, out_dir: Path, stem: str) -> list[Path]:
-    """``<stem>.csv``, ``<stem>.md`` (table + provenance), ``<stem>.json`` and ``<stem>.png``."""
+SAVED_NOTE = ("`saved_vs_*_pct`: latency saved as % of the inductor norm's latency, "
+              "(t_gemm + t_norm - t_fused) / t_norm; 100% = the norm is free")
+
+
+def write_results(df: pd.DataFrame, meta: dict, out_dir: Path, stem: str, plot_fn=None,
+                  notes: tuple[str, ...] = (SAVED_NOTE,)) -> list[Path]:
+    """``<stem>.csv``, ``<stem>.md`` (table + provenance + ``notes``), ``<stem>.json`` and
+    ``<stem>.png`` (drawn by ``plot_fn(df, meta, path)``, default :func:`plot`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{stem}.{ext}" for ext in ("csv", "md", "json", "png")]
     df.to_csv(paths[0], index=False, float_format="%.5g")
@@ -131,8 +137,8 @@ def write_results(df: pd.DataFrame, meta: dict, out_dir: Path, stem: str) -> lis
         f"- measured ceilings: {meta['ceilings']['copy_GBps']} GB/s copy, "
         f"{meta['ceilings']['bf16_TFLOPs']} bf16 TFLOP/s",
         f"- timing: {meta['timing']}",
-        "- `saved_vs_*_pct`: latency saved as % of the inductor norm's latency, "
-        "(t_gemm + t_norm - t_fused) / t_norm; 100% = the norm is free",
+        *(f"- {key}: {meta[key]}" for key in ("inputs", "baselines") if key in meta),
+        *(f"- {note}" for note in notes),
         "",
     ]
     shown = df.copy()
@@ -140,7 +146,7 @@ def write_results(df: pd.DataFrame, meta: dict, out_dir: Path, stem: str) -> lis
         shown[col] = shown[col].map(lambda v: f"{v:.4g}")
     paths[1].write_text("\n".join(header) + "\n" + shown.to_markdown(index=False) + "\n")
     paths[2].write_text(json.dumps(meta, indent=1) + "\n")
-    plot(df, meta, paths[3])
+    (plot_fn or plot)(df, meta, paths[3])
     return paths
 
 
@@ -182,6 +188,22 @@ def plot(df: pd.DataFrame, meta: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def codegen_status(kernel, args: tuple, config) -> str:
+    """"ok" if ``kernel`` generates Triton code for ``config`` at ``args`` on this machine,
+    else "FAILED: ..." (a health check: it reports, it does not raise)."""
+    import helion
+
+    try:
+        bound = kernel.bind(args)
+        # Keys only a CUDA device accepts (e.g. host_tensor_descriptors on sm_90) cannot be
+        # generated for the CPU: drop them and say so.
+        gpu_only = bound.config_spec.unsupported_config_keys(config.config)
+        bound.to_triton_code(helion.Config(**{k: v for k, v in config.config.items() if k not in gpu_only}))
+        return "ok" + (f" (without GPU-only {', '.join(gpu_only)})" if gpu_only else "")
+    except Exception as err:  # report, do not stop
+        return f"FAILED: {type(err).__name__}: {err}"[:120]
+
+
 def cpu_report(spec: KernelSpec, shapes: list[Shape], dtype: torch.dtype) -> pd.DataFrame:
     """What can be shown without a GPU: per shape and registered GPU, the config a call
     would run with, checked to compile to Triton for that exact shape with this Helion."""
@@ -199,15 +221,7 @@ def cpu_report(spec: KernelSpec, shapes: list[Shape], dtype: torch.dtype) -> pd.
             entry = exact or registry.nearest_entry(entries, shape, name)
             config = entry.config if entry else spec.default_config
             args = spec.make_args(shape, dtype, "cpu", None)  # uninitialised: codegen only
-            try:
-                bound = kernel.bind(args)
-                # Keys only a CUDA device accepts (e.g. host_tensor_descriptors on sm_90)
-                # cannot be generated for the CPU: drop them and say so.
-                gpu_only = bound.config_spec.unsupported_config_keys(config.config)
-                bound.to_triton_code(helion.Config(**{k: v for k, v in config.config.items() if k not in gpu_only}))
-                codegen = "ok" + (f" (without GPU-only {', '.join(gpu_only)})" if gpu_only else "")
-            except Exception as err:  # report, do not stop: this is a health check
-                codegen = f"FAILED: {type(err).__name__}: {err}"[:120]
+            codegen = codegen_status(kernel, args, config)
             rows.append({
                 "gpu": gpu, "M": shape.M, "K": shape.K, "N": shape.N, "dtype": name,
                 "config": "exact" if exact else ("nearest " + str(entry.shape) if entry else "default"),

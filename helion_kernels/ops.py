@@ -26,7 +26,7 @@ from .kernels import postnorm_split_n as _split_n
 from .kernels import flash_norm_attention as _fna
 from .kernels import gdpa as _gdpa
 from .kernels import rmsnorm_matmul as _rmsnorm_matmul
-from .kernels.spec import KernelSpec
+from .kernels.spec import AttentionShape, KernelSpec
 from .kernels.rmsnorm_matmul import fold_rmsnorm_weight
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -285,8 +285,7 @@ def _registry_choice(spec: KernelSpec, args: tuple) -> bool:
             warnings.warn(
                 f"{spec.name}: no dispatch decision tuned for {shape} {dtype} on {gpu}; "
                 f"following the one tuned for {entry.shape} {entry.dtype} (unfused). Tune this "
-                f"shape with: helion-kernels autotune --kernel {spec.name} --shape "
-                f"{shape.M},{shape.K},{shape.N} --dtype {dtype}",
+                f"shape with: {registry.tune_command(spec.name, shape, dtype)}",
                 registry.ConfigFallbackWarning,
                 stacklevel=4,
             )
@@ -527,7 +526,6 @@ def matmul_rmsnorm_split_n(
 
 # Fixed configs until these kernels are tuned: [tile_q, tile_kv] and [KV tile, tile_q].
 GDPA_CONFIG = helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2)
-FLASH_NORM_ATTENTION_CONFIG = helion.Config(block_sizes=[128, 16], num_warps=8, num_stages=2)
 _JAGGED_BOUND: dict[tuple, object] = {}
 
 
@@ -591,12 +589,20 @@ def _check_jagged(op: str, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_se
                              f"max_seq_len_{name} = {limit}")
 
 
-def _run_jagged(kernel, args: tuple, config: helion.Config):
+def _run_jagged(kernel, args: tuple, default: helion.Config, registry_name: str | None = None):
+    """Run a jagged attention kernel, compiled once per (H, D, dtype, ...) specialisation,
+    with the registry's config for (H, D, dtype) (``registry_name``) or ``default``."""
     if is_ref_mode_enabled(kernel.settings):
         return kernel(*args)
     key = (kernel.name, kernel.specialization_key(args))
     bound = _JAGGED_BOUND.get(key)
     if bound is None:
+        config = default
+        if registry_name is not None:
+            q = args[0]
+            shape = AttentionShape(int(q.shape[1]), int(q.shape[2]))
+            config = registry.resolve(registry_name, default, shape, q.dtype,
+                                      registry.gpu_key(q.device)).config
         bound = _JAGGED_BOUND[key] = kernel.bind(args)
         bound.set_config(config)
     return bound(*args)
@@ -674,8 +680,10 @@ def flash_norm_attention(
 
     Technique 4 of the PyTorch blog "Towards Free Normalization" (Meta, 2026); see
     :mod:`helion_kernels.kernels.flash_norm_attention`. One program owns a tile of Q rows of
-    one sequence for all heads; the sequence's K/V (at most 128 rows) stay resident. Not yet
-    tuned: runs :data:`FLASH_NORM_ATTENTION_CONFIG` on every GPU.
+    one sequence for all heads and walks the sequence's K/V (at most 128 rows) in KV tiles. The
+    config comes from the registry, keyed by (H, D, dtype) (``helion-kernels autotune
+    --kernel flash_norm_attention``); untuned (H, D) take the nearest tuned one, and a GPU
+    without entries the conservative default, with a ``ConfigFallbackWarning``.
 
     Args:
         q, k, v, q_offsets, kv_offsets, max_seq_len_q, activation, qk_scale, validate: as
@@ -697,8 +705,9 @@ def flash_norm_attention(
     limit = _fna.MAX_SEQ_LEN_KV
     if isinstance(max_seq_len_kv, int) and not isinstance(max_seq_len_kv, bool) and max_seq_len_kv > limit:
         raise ValueError(
-            f"{op}: max_seq_len_kv = {max_seq_len_kv} but one program keeps a sequence's K/V "
-            f"resident, at most {limit} rows; use gdpa() with separate norms for longer KV"
+            f"{op}: max_seq_len_kv = {max_seq_len_kv} is past this kernel's limit of {limit} KV "
+            f"rows per sequence (the short-KV regime it is built and tuned for); use gdpa() with "
+            f"separate norms for longer KV"
         )
     _check_jagged(op, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv,
                   activation, qk_scale, validate)
@@ -721,4 +730,5 @@ def flash_norm_attention(
         return torch.empty_like(q)
     args = (q.contiguous(), k.contiguous(), v.contiguous(), q_offsets, kv_offsets, *params,
             float(eps), float(qk_scale), _gdpa.ACTIVATIONS.index(activation))
-    return _run_jagged(_fna.flash_norm_attention_kernel, args, FLASH_NORM_ATTENTION_CONFIG)
+    return _run_jagged(_fna.flash_norm_attention_kernel, args, _fna.DEFAULT_CONFIG,
+                       "flash_norm_attention")

@@ -2,8 +2,10 @@
 
 Layout: ``configs/<gpu>/<kernel>.json``, where ``<gpu>`` is :func:`gpu_key` (device name
 and compute capability, e.g. ``nvidia_h200_sm90``). A file holds one entry per
-(M, K, N, dtype): the Helion config (``helion.Config.to_json`` form) and what it was
-measured at (latency, relative error, versions, date, tuning settings).
+(M, K, N, dtype) for the GEMM-shaped kernels, or per (H, D, dtype) for the jagged attention
+kernels (:class:`~.kernels.spec.AttentionShape`): the Helion config
+(``helion.Config.to_json`` form) and what it was measured at (latency, relative error,
+versions, date, tuning settings).
 
 Guarantees:
 
@@ -14,7 +16,8 @@ Guarantees:
 
 Lookup rule for a shape that was not tuned (:func:`nearest_entry`): among the entries of
 the same dtype (of any dtype when none exists), take the one with the smallest
-``|log2(M/M')| + |log2(K/K')| + |log2(N/N')|``; ties go to the larger tuned shape. The
+``|log2(M/M')| + |log2(K/K')| + |log2(N/N')|`` (likewise over H and D); ties go to the
+larger tuned shape. The
 caller gets a :class:`ConfigFallbackWarning`. With no entry at all for the GPU, the
 kernel's conservative default config is used, also with a warning. Nothing ever starts an
 autotuning run inside a user's call.
@@ -35,7 +38,9 @@ import filelock
 import helion
 import torch
 
-from .kernels.spec import Shape
+from .kernels.spec import AttentionShape, Shape
+
+KEY_TYPES = (Shape, AttentionShape)
 
 FORMAT_VERSION = 1
 ENV_CONFIG_DIR = "HELION_KERNELS_CONFIG_DIR"
@@ -53,20 +58,19 @@ class ConfigFallbackWarning(UserWarning):
 class Entry:
     """One tuned config: the shape and dtype it was tuned at, and what it measured."""
 
-    shape: Shape
+    shape: Shape | AttentionShape
     dtype: str
     config: helion.Config
     meta: dict = dataclasses.field(default_factory=dict, compare=False)
 
     @property
-    def key(self) -> tuple[int, int, int, str]:
+    def key(self) -> tuple:
+        """(M, K, N, dtype) or (H, D, dtype)."""
         return (*self.shape, self.dtype)
 
     def to_json(self) -> dict:
         return {
-            "M": self.shape.M,
-            "K": self.shape.K,
-            "N": self.shape.N,
+            **self.shape._asdict(),
             "dtype": self.dtype,
             "config": json.loads(self.config.to_json()),
             **self.meta,
@@ -74,10 +78,13 @@ class Entry:
 
     @classmethod
     def from_json(cls, obj: dict) -> "Entry":
-        meta = {k: v for k, v in obj.items() if k not in ("M", "K", "N", "dtype", "config")}
-        shape = Shape(int(obj["M"]), int(obj["K"]), int(obj["N"]))
+        key_type = next((t for t in KEY_TYPES if all(f in obj for f in t._fields)), None)
+        if key_type is None:
+            raise ValueError(f"entry without a key: expected M, K, N or H, D, got {sorted(obj)}")
+        meta = {k: v for k, v in obj.items() if k not in (*key_type._fields, "dtype", "config")}
+        shape = key_type(*(int(obj[f]) for f in key_type._fields))
         if min(shape) <= 0:
-            raise ValueError(f"entry {shape}: M, K and N must be positive")
+            raise ValueError(f"entry {shape}: {', '.join(key_type._fields)} must be positive")
         return cls(
             shape=shape,
             dtype=str(obj["dtype"]),
@@ -130,7 +137,7 @@ def known_gpus() -> list[str]:
 
 
 def load_entries(path: Path) -> dict[tuple, Entry]:
-    """All entries of one registry file, keyed by (M, K, N, dtype); {} if it does not exist.
+    """All entries of one registry file, keyed by :attr:`Entry.key`; {} if it does not exist.
 
     Raises:
         RegistryError: the file exists but is not a complete registry file.
@@ -190,8 +197,8 @@ def save_entry(kernel: str, gpu: str, entry: Entry, gpu_name: str | None = None)
     return _update(kernel, gpu, insert, gpu_name)
 
 
-def remove_entry(kernel: str, gpu: str, key: tuple[int, int, int, str]) -> Path:
-    """Drop the entry of ``key`` = (M, K, N, dtype), e.g. a config found to give wrong results.
+def remove_entry(kernel: str, gpu: str, key: tuple) -> Path:
+    """Drop the entry of ``key`` (:attr:`Entry.key`), e.g. a config found to give wrong results.
 
     Raises:
         KeyError: no such entry.
@@ -218,7 +225,7 @@ def _update(kernel: str, gpu: str, change, gpu_name: str | None) -> Path:
             "gpu": gpu_name or gpu,
             "entries": [
                 entries[k].to_json()
-                for k in sorted(entries, key=lambda k: (k[3], k[0], k[1], k[2]))
+                for k in sorted(entries, key=lambda k: (k[-1], *k[:-1]))
             ],
         }
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -235,21 +242,32 @@ def _update(kernel: str, gpu: str, change, gpu_name: str | None) -> Path:
     return path
 
 
-def shape_distance(a: Shape, b: Shape) -> float:
-    """Sum of |log2| ratios of M, K and N."""
+def shape_distance(a: Shape | AttentionShape, b: Shape | AttentionShape) -> float:
+    """Sum of |log2| ratios of M, K and N (or of H and D)."""
     return sum(abs(math.log2(x / y)) for x, y in zip(a, b))
 
 
-def nearest_entry(entries: dict[tuple, Entry], shape: Shape, dtype: str) -> Entry | None:
+def nearest_entry(entries: dict[tuple, Entry], shape: Shape | AttentionShape, dtype: str) -> Entry | None:
     """The entry closest to ``shape`` by the rule in this module's docstring."""
-    pool = [e for e in entries.values() if e.dtype == dtype] or list(entries.values())
+    pool = [e for e in entries.values()
+            if type(e.shape) is type(shape) and e.dtype == dtype] or [
+        e for e in entries.values() if type(e.shape) is type(shape)]
     if not pool:
         return None
     return min(pool, key=lambda e: (shape_distance(e.shape, shape), tuple(-x for x in e.shape)))
 
 
+def tune_command(kernel: str, shape: Shape | AttentionShape, dtype: str) -> str:
+    """The CLI command that tunes ``kernel`` at ``shape`` (attention kernels tune workload
+    rows, which carry the sequence lengths the config is timed on)."""
+    if isinstance(shape, AttentionShape):
+        return (f"helion-kernels autotune --kernel {kernel} --workload {kernel} "
+                f"--where 'H == {shape.H} and D == {shape.D}' --dtype {dtype}")
+    return f"helion-kernels autotune --kernel {kernel} --shape {shape.M},{shape.K},{shape.N} --dtype {dtype}"
+
+
 def resolve(
-    kernel: str, default: helion.Config, shape: Shape, dtype: torch.dtype, gpu: str
+    kernel: str, default: helion.Config, shape: Shape | AttentionShape, dtype: torch.dtype, gpu: str
 ) -> Resolved:
     """The config a call of ``kernel`` at ``shape``/``dtype`` on ``gpu`` runs with.
 
@@ -264,8 +282,7 @@ def resolve(
     if near is not None:
         warnings.warn(
             f"{kernel}: no config tuned for {shape} {name} on {gpu}; using the one tuned "
-            f"for {near.shape} {near.dtype}. Tune this shape with: helion-kernels autotune "
-            f"--kernel {kernel} --shape {shape.M},{shape.K},{shape.N} --dtype {name}",
+            f"for {near.shape} {near.dtype}. Tune this shape with: {tune_command(kernel, shape, name)}",
             ConfigFallbackWarning,
             stacklevel=3,
         )
@@ -273,8 +290,7 @@ def resolve(
     warnings.warn(
         f"{kernel}: the registry has no config for {gpu} ({registry_path(kernel, gpu)}); "
         f"using the conservative default config, which can be several times slower. Tune "
-        f"with: helion-kernels autotune --kernel {kernel} --shape {shape.M},{shape.K},"
-        f"{shape.N} --dtype {name}",
+        f"with: {tune_command(kernel, shape, name)}",
         ConfigFallbackWarning,
         stacklevel=3,
     )

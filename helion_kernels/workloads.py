@@ -1,7 +1,12 @@
-"""Workload tables: CSV files under ``configs/workloads/`` read with pandas.
+"""Workload tables: CSV files read with pandas, which may start with ``#`` comment lines
+naming their source.
 
-A table has integer columns ``M``, ``K``, ``N`` (one GEMM shape per row) and may start
-with ``#`` comment lines naming its source.
+* GEMM workloads, ``configs/workloads/<name>.csv``: integer columns ``M``, ``K``, ``N`` (one
+  GEMM shape per row).
+* Attention workloads, ``configs/attention_workloads/<name>.csv``: ``batch``, ``H``, ``D``,
+  ``max_seq_len_q``, ``seq_len_kv`` (dense KV), ``fill`` (average Q length over
+  ``max_seq_len_q``, in (0, 1]) and ``seed`` of the Q lengths
+  (:func:`~.kernels.gdpa.jagged_lengths`).
 """
 
 from __future__ import annotations
@@ -14,34 +19,45 @@ from .kernels.spec import Shape
 from .registry import config_dir
 
 COLUMNS = ("M", "K", "N")
+ATTENTION_COLUMNS = ("batch", "H", "D", "max_seq_len_q", "seq_len_kv", "fill", "seed")
+# kind -> (folder under configs/, required columns)
+KINDS = {"gemm": ("workloads", COLUMNS), "attention": ("attention_workloads", ATTENTION_COLUMNS)}
 
 
-def workload_dir() -> Path:
-    return config_dir() / "workloads"
+def workload_dir(kind: str = "gemm") -> Path:
+    return config_dir() / KINDS[kind][0]
 
 
-def list_workloads() -> list[str]:
-    return sorted(p.stem for p in workload_dir().glob("*.csv"))
+def list_workloads(kind: str = "gemm") -> list[str]:
+    return sorted(p.stem for p in workload_dir(kind).glob("*.csv"))
 
 
-def load_workload(name: str, where: str | None = None) -> pd.DataFrame:
+def load_workload(name: str, where: str | None = None, kind: str = "gemm") -> pd.DataFrame:
     """The rows of workload ``name``, optionally filtered by a pandas query (``"M == 65536"``).
 
     Raises:
-        ValueError: unknown workload, missing or non-positive M/K/N, or a bad query.
+        ValueError: unknown workload, missing columns, a count or size that is not a
+            positive integer (``seed`` may be 0, ``fill`` must lie in (0, 1]), or a bad query.
     """
-    path = workload_dir() / f"{name}.csv"
+    path = workload_dir(kind) / f"{name}.csv"
+    columns = KINDS[kind][1]
     if not path.is_file():
         raise ValueError(
-            f"unknown workload {name!r} (no {path}); known: {', '.join(list_workloads()) or 'none'}"
+            f"unknown workload {name!r} (no {path}); known: {', '.join(list_workloads(kind)) or 'none'}"
         )
     df = pd.read_csv(path, comment="#", skipinitialspace=True)
-    missing = [c for c in COLUMNS if c not in df.columns]
+    missing = [c for c in columns if c not in df.columns]
     if missing:
-        raise ValueError(f"{path}: missing column(s) {missing}; expected {list(COLUMNS)}")
-    if df[list(COLUMNS)].isna().any().any() or not (df[list(COLUMNS)] > 0).all().all():
-        raise ValueError(f"{path}: M, K and N must be positive integers in every row")
-    df = df.astype({c: "int64" for c in COLUMNS})
+        raise ValueError(f"{path}: missing column(s) {missing}; expected {list(columns)}")
+    ints = [c for c in columns if c != "fill"]
+    if df[list(columns)].isna().any().any() or not (df[ints] == df[ints].round()).all().all():
+        raise ValueError(f"{path}: {', '.join(ints)} must be positive integers in every row")
+    sizes = [c for c in ints if c != "seed"]
+    if not (df[sizes] > 0).all().all() or ("seed" in df and (df["seed"] < 0).any()):
+        raise ValueError(f"{path}: {', '.join(sizes)} must be positive integers in every row")
+    if "fill" in columns and not ((df["fill"] > 0) & (df["fill"] <= 1)).all():
+        raise ValueError(f"{path}: fill must lie in (0, 1] in every row")
+    df = df.astype({c: "int64" for c in ints})
     if where:
         try:
             mask = df.eval(where)

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import helion
+import re
+
 import pytest
 
 from helion_kernels import registry
@@ -28,7 +30,7 @@ def test_list(capsys, workload_registry):
                         registry.Entry(Shape(65536, 256, 256), "bfloat16", helion.Config(block_sizes=[64, 64, 64])))
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "rmsnorm_matmul" in out and "prenorm_rmsnorm  30 rows" in out
+    assert "rmsnorm_matmul" in out and re.search(r"prenorm_rmsnorm +30 rows \(gemm\)", out)
     assert "some_gpu_sm90" in out and "1 shapes" in out
 
 
@@ -99,3 +101,22 @@ def test_python_dash_m_entry_point():
     out = subprocess.run([sys.executable, "-m", "helion_kernels", "list"], capture_output=True, text=True,
                          check=True, timeout=300).stdout
     assert "kernels:" in out and "rmsnorm_matmul" in out
+
+
+@pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
+def test_attention_bench_without_gpu_checks_configs(capsys):
+    """flash_norm_attention has its own workloads and (H, D) registry keys; on a CPU the
+    bench checks that each (H, D)'s config generates code and prints committed results."""
+    rc = main(["bench", "--kernel", "flash_norm_attention", "--workload", "flash_norm_attention"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "No CUDA GPU found" in out and "FAILED" not in out
+    assert re.search(r"nvidia_h200_sm90 +8 +128 +bfloat16 +exact", out)
+    assert "Committed results measured on nvidia_h200_sm90" in out
+
+
+def test_attention_autotune_takes_workload_rows_not_shapes(capsys):
+    assert main(["autotune", "--kernel", "flash_norm_attention", "--shape", "1,2,3"]) == 2
+    assert "not --shape" in capsys.readouterr().err
+    assert main(["bench", "--kernel", "flash_norm_attention", "--workload", "prenorm_rmsnorm"]) == 2
+    assert "unknown workload 'prenorm_rmsnorm'" in capsys.readouterr().err

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helion_kernels import flash_norm_attention, gdpa
+from helion_kernels import flash_norm_attention, gdpa, ops
+from helion_kernels.registry import ConfigFallbackWarning
 from helion_kernels.kernels.flash_norm_attention import (
     MAX_SEQ_LEN_KV,
     flash_norm_attention_kernel,
@@ -127,7 +128,7 @@ def test_bad_inputs_raise_before_launch(fn, monkeypatch):
 @pytest.mark.ref_mode
 def test_flash_norm_attention_refuses_long_kv():
     q, k, v, qo, ko = _inputs(torch.float32, "cpu", 9, q_lengths=[4], kv_lengths=[129])
-    with pytest.raises(ValueError, match=rf"at most {MAX_SEQ_LEN_KV} rows; use gdpa\(\)"):
+    with pytest.raises(ValueError, match=rf"limit of {MAX_SEQ_LEN_KV} KV rows .* use gdpa\(\)"):
         flash_norm_attention(q, k, v, qo, ko, 4, 129)
     with pytest.raises(ValueError, match="more than max_seq_len_kv = 128"):
         flash_norm_attention(q, k, v, qo, ko, 4, 128)  # the lengths are checked too
@@ -145,22 +146,22 @@ def test_jagged_lengths_average_fill():
 
 
 @pytest.mark.triton_interpret  # code generation only (see the module docstring)
-def test_generated_code_keeps_the_whole_kv_sequence_in_one_tile():
+def test_generated_code_for_kv_tiles_up_to_the_limit():
     import helion
 
     q, k, v, qo, ko = _inputs(torch.float16, "cpu", 10, heads=2, dim=128)
     w = torch.ones(2, 128, dtype=torch.float16)
     bound = flash_norm_attention_kernel.bind((q, k, v, qo, ko, w, w, w, 1e-5, 1.0, 0))
     for cfg in (helion.Config(block_sizes=[16, 32], num_warps=4),
-                helion.Config(block_sizes=[64, 16], num_warps=8, num_stages=2)):
+                helion.Config(block_sizes=[MAX_SEQ_LEN_KV, 16], num_warps=8, num_stages=2)):
         code = bound.to_triton_code(cfg)
-        assert f"tl.constexpr({MAX_SEQ_LEN_KV})" in code and "tl.dot" in code
+        assert f"tl.constexpr({cfg.block_sizes[0]})" in code and "tl.dot" in code
     assert "tl.dot" in gdpa_kernel.bind((q, k, v, qo, ko, 1.0, 2)).to_triton_code(
         helion.Config(block_sizes=[32, 32]))
 
 
 INTERPRETER_Q = [5, 0, 17, 3]  # tile_q = 4: partial tiles, an empty sequence
-INTERPRETER_KV = [7, 4, 0, 9]  # an empty KV sequence
+INTERPRETER_KV = [7, 4, 0, 37]  # an empty KV sequence; 37 rows = 3 KV tiles of 16
 
 
 @pytest.mark.triton_interpret
@@ -188,12 +189,17 @@ def test_generated_code_under_the_interpreter(heads, activation):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-def test_cuda_both_kernels(activation):
+def test_cuda_both_kernels(activation, registry_dir):
+    """With an empty registry, so the fused kernel runs its default config (the tuned ones
+    are checked per workload row by the benchmark)."""
+    ops.clear_cache()
     q, k, v, qo, ko = _inputs(torch.bfloat16, "cuda", 11, heads=4, dim=128)
     params = _affine(4, 128, torch.bfloat16, "cuda", 12)
     ref = gdpa_reference(q, k, v, qo, ko, 1.0, activation)
     _check_per_sequence(gdpa(q, k, v, qo, ko, 37, 128, activation), ref, qo, torch.bfloat16)
-    out = flash_norm_attention(q, k, v, qo, ko, 37, 128, *params, activation=activation)
+    with pytest.warns(ConfigFallbackWarning, match="default config"):
+        out = flash_norm_attention(q, k, v, qo, ko, 37, 128, *params, activation=activation)
+    ops.clear_cache()
     ref = flash_norm_attention_reference(q, k, v, qo, ko, *[p.view(4, 128) for p in params],
                                          1e-5, 1.0, activation)
     _check_per_sequence(out, ref, qo, torch.bfloat16)

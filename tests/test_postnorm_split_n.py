@@ -148,18 +148,32 @@ def test_specs_registered():
     assert "technique 3" in split_n.SPEC_LAYERNORM.technique
 
 
+def _with_stages(config: helion.Config, stages: int | None) -> helion.Config:
+    return config if stages is None else helion.Config(**{**config.config, "num_stages": stages})
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", [Shape(1000, 512, 4096), Shape(333, 256, 1000)], ids=str)
 def test_cuda_both_candidates(shape, dtype):
     a, b, w, bias, eps = _inputs(shape, dtype, "cuda", 19, "weight_bias", large_mean=True)
     ref = _ln_reference(a, b, w, bias, eps)
-    gemm = split_n.SPEC_LAYERNORM.seed_configs[1]
+    # A bf16 seed tiling; fp32 operands need half its stages to fit in shared memory.
+    stages = 2 if dtype == torch.float32 else None
+    gemm = _with_stages(split_n.SPEC_LAYERNORM.seed_configs[1], stages)
     gemm3 = helion.Config(**{**gemm.config, "block_sizes": gemm.block_sizes[:3]})
     check_outputs(split_n.layernorm_two_kernels(a, b, w, bias, eps, gemm3), ref, dtype)
     bound = split_n.matmul_layernorm_split_n_kernel.bind((a, b, w, bias, eps))
     bound.set_config(gemm)
     check_outputs(bound(a, b, w, bias, eps), ref, dtype)
+    # RMSNorm: both candidates, with the seed tiling of the RMSNorm spec.
+    ref = _rms_reference(a, b, w, eps)
+    gemm = _with_stages(split_n.SPEC_RMSNORM.seed_configs[1], stages)
+    gemm3 = helion.Config(**{**gemm.config, "block_sizes": gemm.block_sizes[:3]})
+    check_outputs(split_n.rmsnorm_two_kernels(a, b, w, eps, gemm3, split_n.RMS_APPLY_CONFIG), ref, dtype)
+    bound = split_n.matmul_rmsnorm_split_n_kernel.bind((a, b, w, eps))
+    bound.set_config(gemm)
+    check_outputs(bound(a, b, w, eps), ref, dtype)
 
 
 # --- the public functions --------------------------------------------------------------

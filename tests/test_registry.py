@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helion_kernels import registry
-from helion_kernels.kernels.spec import Shape
+from helion_kernels.kernels.spec import AttentionShape, Shape
 from helion_kernels.registry import ConfigFallbackWarning, Entry, RegistryError
 
 CFG_A = helion.Config(block_sizes=[64, 128, 64], num_warps=8, num_stages=3)
@@ -143,4 +143,27 @@ def test_more_corrupt_files(registry_dir, content):
     path.parent.mkdir()
     path.write_bytes(content)
     with pytest.raises(RegistryError, match=f"registry file {path} is corrupt"):
+        registry.entries_for("k", "g")
+
+
+def test_attention_entries_round_trip_and_resolve(registry_dir):
+    """Attention kernels are keyed by (H, D, dtype); lookup never crosses key kinds."""
+    registry.save_entry("fna", "g", Entry(AttentionShape(2, 128), "bfloat16", CFG_A, {"latency_ms": 1.0}))
+    registry.save_entry("fna", "g", Entry(AttentionShape(8, 128), "bfloat16", CFG_B))
+    entries = registry.entries_for("fna", "g")
+    assert set(entries) == {(2, 128, "bfloat16"), (8, 128, "bfloat16")}
+    assert entries[(2, 128, "bfloat16")].shape == AttentionShape(2, 128)
+    assert entries[(2, 128, "bfloat16")].meta == {"latency_ms": 1.0}
+    assert registry.resolve("fna", DEFAULT, AttentionShape(8, 128), torch.bfloat16, "g").source == "exact"
+    with pytest.warns(ConfigFallbackWarning, match=r"H4xD128 .* --kernel fna --workload fna --where 'H == 4 and D == 128'"):
+        near = registry.resolve("fna", DEFAULT, AttentionShape(4, 128), torch.bfloat16, "g")
+    assert near.source == "nearest" and near.entry.shape == AttentionShape(8, 128)  # tie: larger
+    assert registry.nearest_entry(entries, Shape(1, 2, 3), "bfloat16") is None
+
+
+def test_entry_without_a_key_is_a_corrupt_file(registry_dir):
+    path = registry_dir / "g" / "k.json"
+    path.parent.mkdir()
+    path.write_text('{"format": 1, "entries": [{"H": 2, "dtype": "bfloat16", "config": {"block_sizes": [16]}}]}')
+    with pytest.raises(RegistryError, match="entry without a key"):
         registry.entries_for("k", "g")

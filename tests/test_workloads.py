@@ -40,3 +40,22 @@ def test_parse_shape():
     for bad in ["1,2", "a,b,c", "1,2,0", "1,2,3,4"]:
         with pytest.raises(ValueError, match="M,K,N"):
             workloads.parse_shape(bad)
+
+
+def test_attention_table_matches_the_issue():
+    df = workloads.load_workload("flash_norm_attention", kind="attention")
+    assert len(df) == 15 and set(df.H) == {2, 4, 8} and set(df.D) == {128}
+    assert set(df.max_seq_len_q) == {256, 512, 1024, 2048, 3000}
+    assert (df.batch == 768).all() and (df.seq_len_kv == 128).all() and (df.fill == 0.5).all()
+    assert len(workloads.load_workload("flash_norm_attention", "H == 4", kind="attention")) == 5
+    assert "flash_norm_attention" not in workloads.list_workloads()  # not a GEMM table
+
+
+@pytest.mark.parametrize("row,bad", [("768,2,128,256,128,1.5,0", "fill"), ("768,2,128,256,128,0.5,-1", "positive"),
+                                     ("768,0,128,256,128,0.5,0", "positive"), ("768,2,128,256.5,128,0.5,0", "integers")])
+def test_malformed_attention_tables(registry_dir, row, bad):
+    (registry_dir / "attention_workloads").mkdir()
+    (registry_dir / "attention_workloads" / "t.csv").write_text(
+        "batch,H,D,max_seq_len_q,seq_len_kv,fill,seed\n" + row + "\n")
+    with pytest.raises(ValueError, match=bad):
+        workloads.load_workload("t", kind="attention")

@@ -14,11 +14,15 @@ second residual add, each a round trip of [total_q, H, D] through memory. Here o
 owns a tile of Q rows of one sequence **for all heads**, so both norms over H*D are
 reductions over a register tile: ``q`` is read once and ``out`` written once.
 
-The sequence's K and V stay resident while the program walks its Q tiles: the KV tile is a
-registered block size whose minimum and maximum are both :data:`MAX_SEQ_LEN_KV` (128), so
-every config covers a whole KV sequence in one tile and the KV loop runs once. Longer KV
-sequences are refused before launch (the unfused :func:`~helion_kernels.gdpa` has no such
-limit).
+The sequence's K and V (at most :data:`MAX_SEQ_LEN_KV` = 128 rows, the regime of the
+technique and the hard limit declared here) are walked in KV tiles of a registered block
+size between 16 and 128 rows. Holding a whole 128-row sequence at once, for all heads, does
+not fit in one block's shared memory once H*D >= 512 (K and V tiles of 128 x H*D bf16 are
+128 KiB each at H*D = 512: the first H200 run of a fixed 128-row tile needed 278528 bytes
+against 232448), so the autotuner picks the KV tile; for H*D <= 256 a single 128-row tile
+fits and K/V are read once per Q tile. Either way they come from L2 after the first Q tile
+of a sequence. Longer KV sequences are refused before launch (the unfused
+:func:`~helion_kernels.gdpa` has no such limit).
 """
 
 from __future__ import annotations
@@ -35,13 +39,16 @@ MAX_SEQ_LEN_KV = 128
 __all__ = [
     "ACTIVATIONS",
     "MAX_SEQ_LEN_KV",
+    "DEFAULT_CONFIG",
+    "SEED_CONFIGS",
     "flash_norm_attention_kernel",
     "flash_norm_attention_reference",
     "unfused_block",
 ]
 
 
-@helion.kernel(static_shapes=True)
+# Dynamic totals, H and D specialised (see gdpa_kernel); configs are keyed by (H, D, dtype).
+@helion.kernel(static_shapes=False)
 def flash_norm_attention_kernel(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -56,14 +63,14 @@ def flash_norm_attention_kernel(
     activation: int,
 ) -> torch.Tensor:
     """``out`` [total_q, H, D] in ``q.dtype``. Affine parameters are [H, D] (or None);
-    ``activation`` indexes :data:`ACTIVATIONS`. Config ``block_sizes`` = [KV tile (fixed to
+    ``activation`` indexes :data:`ACTIVATIONS`. Config ``block_sizes`` = [tile_kv (16 to
     128), tile_q]."""
     num_heads = hl.specialize(q.size(1))
     head_dim = hl.specialize(q.size(2))
     act = hl.specialize(activation)
     width = num_heads * head_dim
-    # min == max: one KV tile holds a whole (<= 128) KV sequence, whatever the config says.
-    block_kv = hl.register_block_size(MAX_SEQ_LEN_KV, MAX_SEQ_LEN_KV)
+    # At most 128 rows: a KV sequence takes 1 to 8 tiles (the wrapper refuses longer ones).
+    block_kv = hl.register_block_size(16, MAX_SEQ_LEN_KV)
     batch = q_offsets.size(0) - 1
     out = torch.empty_like(q)
     for seq in hl.grid(batch):
@@ -94,6 +101,17 @@ def flash_norm_attention_kernel(
                 y = y * rms_weight[None, :, :].to(torch.float32)
             out[tile_q, :, :] = (y + x).to(out.dtype)  # the second residual
     return out
+
+
+# block_sizes = [tile_kv, tile_q]. The program holds [tile_q, H*D] fp32 tiles in registers
+# and [tile_kv, H*D] K and V tiles in shared memory, so both shrink as H*D grows. The default
+# needs 2 x 16 x H*D x 2 bytes of K/V per stage: 64 KiB at H*D = 1024.
+DEFAULT_CONFIG = helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1)
+SEED_CONFIGS = tuple(
+    helion.Config(block_sizes=[kv, tq], num_warps=w, num_stages=st)
+    for kv, tq, w, st in ((16, 16, 4, 1), (32, 16, 4, 2), (32, 16, 8, 1), (64, 16, 8, 1),
+                          (32, 32, 8, 1), (64, 32, 8, 2), (128, 16, 8, 1), (128, 32, 8, 2))
+)
 
 
 def flash_norm_attention_reference(

@@ -39,7 +39,9 @@ def apply_activation(s: torch.Tensor, act: int) -> torch.Tensor:
     return torch.relu(s)
 
 
-@helion.kernel(static_shapes=True)
+# Not static_shapes: total_q / total_kv change with every batch of jagged sequences, and a
+# kernel compiled per total would recompile on every call. H and D are specialised.
+@helion.kernel(static_shapes=False)
 def gdpa_kernel(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -24,6 +24,20 @@ class Shape(NamedTuple):
         return f"{self.M}x{self.K}x{self.N}"
 
 
+class AttentionShape(NamedTuple):
+    """Registry key of the jagged attention kernels: heads H and head_dim D.
+
+    Their configs do not depend on the sequence lengths (total_q changes every batch, so
+    the kernels are compiled for dynamic lengths and specialised on H and D only).
+    """
+
+    H: int
+    D: int
+
+    def __str__(self) -> str:
+        return f"H{self.H}xD{self.D}"
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelSpec:
     """What the package needs to know about one Helion kernel.
