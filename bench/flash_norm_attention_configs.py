@@ -2,7 +2,8 @@
 
 Why: with short autotuning budgets Helion's search never got past compiling its seeds, so
 the registry holds the default config; this sweep shows what the seeds themselves reach,
-next to this package's unfused GDPA kernel with eager norms.
+next to this package's unfused GDPA kernel with eager norms, and the per-head candidate
+kernel (``flash_norm_attention_per_head_kernel``) with its own seeds.
 
     python bench/flash_norm_attention_configs.py --heads 8 --max-seq-len-q 3000
 
@@ -44,10 +45,12 @@ def main() -> int:
     kargs = make_args(row, torch.bfloat16, device, 0)
     ref = reference(*kargs)
     rows = []
-    for cfg in (fna.DEFAULT_CONFIG, *fna.SEED_CONFIGS):
-        out = {"kernel": "flash_norm_attention", "config": repr(cfg.config)}
+    fused = [(fna.flash_norm_attention_kernel, cfg) for cfg in (fna.DEFAULT_CONFIG, *fna.SEED_CONFIGS)]
+    fused += [(fna.flash_norm_attention_per_head_kernel, cfg) for cfg in fna.PER_HEAD_SEED_CONFIGS]
+    for kernel, cfg in fused:
+        out = {"kernel": kernel.name, "config": repr(cfg.config)}
         try:
-            bound = fna.flash_norm_attention_kernel.bind(kargs)
+            bound = kernel.bind(kargs)
             bound.set_config(cfg)
             out["rel_error"] = check_outputs(bound(*kargs), ref, torch.bfloat16)
             out["ms"] = time_ms(lambda: bound(*kargs))

@@ -23,8 +23,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-import shlex
-import sys
 import time
 
 import helion
@@ -37,7 +35,7 @@ from .kernels import flash_norm_attention as fna
 from .kernels.gdpa import ACTIVATIONS, jagged_lengths, random_jagged_inputs
 from .kernels.spec import AttentionShape
 from .timing import Ceilings, input_copies, measure_ceilings, time_ms
-from .tuning import TuneOptions, TuneResult, versions
+from .tuning import TuneOptions, TuneResult, tuning_kernel, versions
 from .verify import check_deterministic, check_outputs
 
 KERNEL = "flash_norm_attention"
@@ -128,17 +126,8 @@ def tune_row(row: AttentionRow, dtype: torch.dtype, options: TuneOptions, device
         return TuneResult(row.shape, "skipped", 0.0, "already in the registry (--force re-tunes)")
     near = registry.nearest_entry(entries, row.shape, name)
     t0 = time.perf_counter()
-    kernel = helion.kernel(
-        fna.flash_norm_attention_kernel.fn,
-        static_shapes=False,
-        autotune_effort=options.effort,
-        autotune_budget_seconds=options.budget_seconds,
-        autotune_seed_configs=([near.config] if near else []) + list(fna.SEED_CONFIGS),
-        autotune_random_seed=options.seed,
-        autotune_baseline_fn=reference,
-        autotune_baseline_accuracy_check_fn=lambda out, ref: check_outputs(out, ref, dtype),
-        autotune_progress_bar=progress_bar,
-    )
+    kernel = tuning_kernel(fna.flash_norm_attention_kernel, ([near.config] if near else []) + list(fna.SEED_CONFIGS),
+                           reference, dtype, options, progress_bar)
     args = make_args(row, dtype, device, options.seed)
     bound = kernel.bind(args)
     config = bound.autotune(args, force=options.force)
@@ -258,23 +247,16 @@ def run_benchmark(rows: list[AttentionRow], dtype: torch.dtype, device: torch.de
             torch._dynamo.reset()
             compiled, compiled_for = torch.compile(fna.unfused_block, dynamic=True), row.shape
         results.append(bench_row(row, dtype, device, ceilings, compiled))
-    from .benchmark import _version
+    from .benchmark import run_meta
 
-    meta = {
-        "gpu": torch.cuda.get_device_name(device),
-        "gpu_key": registry.gpu_key(device),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in ["helion-kernels", *sys.argv[1:]]),
-        "versions": {**versions(), "liger-kernel": _version("liger-kernel")},
-        "ceilings": {"copy_GBps": round(ceilings.bandwidth_gbps, 1), "bf16_TFLOPs": round(ceilings.bf16_tflops, 1)},
-        "timing": "CUDA-graph replay (triton.testing.do_bench_cudagraph), median of 10 replays, "
-                  "input sets rotated to >= 4x L2",
-        "inputs": f"activation {ACTIVATION}, affine LayerNorm and RMSNorm, eps {EPS}, qk_scale 1",
-        "baselines": "unfused_eager / unfused_compiled: helion_kernels.kernels.flash_norm_attention."
-                     "unfused_block (norms on jagged rows, attention on zero-padded copies), eager and "
-                     "torch.compile(dynamic=True) compiled once per (H, D); gdpa+eager_norms: this "
-                     "package's unfused GDPA kernel (fixed config) between eager norms",
-    }
+    meta = run_meta(
+        device, ceilings,
+        inputs=f"activation {ACTIVATION}, affine LayerNorm and RMSNorm, eps {EPS}, qk_scale 1",
+        baselines="unfused_eager / unfused_compiled: helion_kernels.kernels.flash_norm_attention."
+                  "unfused_block (norms on jagged rows, attention on zero-padded copies), eager and "
+                  "torch.compile(dynamic=True) compiled once per (H, D); gdpa+eager_norms: this "
+                  "package's unfused GDPA kernel (fixed config) between eager norms",
+    )
     return pd.DataFrame(results), meta
 
 

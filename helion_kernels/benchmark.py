@@ -97,7 +97,13 @@ def run_benchmark(
         bench_shape(spec, s, dtype, device, ceilings)
         for s in track(shapes, description=f"bench {spec.name}", transient=True)
     ]
-    meta = {
+    return pd.DataFrame(rows), run_meta(device, ceilings)
+
+
+def run_meta(device: torch.device, ceilings: Ceilings, **extra: str) -> dict:
+    """Provenance of a benchmark run: GPU, date, the command, versions, measured ceilings,
+    how it was timed, and ``extra`` lines (e.g. ``inputs``, ``baselines``)."""
+    return {
         "gpu": torch.cuda.get_device_name(device),
         "gpu_key": registry.gpu_key(device),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -106,8 +112,8 @@ def run_benchmark(
         "ceilings": {"copy_GBps": round(ceilings.bandwidth_gbps, 1), "bf16_TFLOPs": round(ceilings.bf16_tflops, 1)},
         "timing": "CUDA-graph replay (triton.testing.do_bench_cudagraph), median of 10 replays, "
                   "input sets rotated to >= 4x L2",
+        **extra,
     }
-    return pd.DataFrame(rows), meta
 
 
 def _version(pkg: str) -> str:

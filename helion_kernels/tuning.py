@@ -93,17 +93,7 @@ def tune_shape(
     seeds = ([near.config] if near is not None else []) + list(spec.seed_configs)
 
     t0 = time.perf_counter()
-    kernel = helion.kernel(
-        spec.kernel.fn,
-        static_shapes=True,
-        autotune_effort=options.effort,
-        autotune_budget_seconds=options.budget_seconds,
-        autotune_seed_configs=seeds,
-        autotune_random_seed=options.seed,
-        autotune_baseline_fn=spec.reference,
-        autotune_baseline_accuracy_check_fn=functools.partial(_accuracy_check, dtype=dtype),
-        autotune_progress_bar=progress_bar,
-    )
+    kernel = tuning_kernel(spec.kernel, seeds, spec.reference, dtype, options, progress_bar)
     args = spec.make_args(shape, dtype, device, options.seed)
     bound = kernel.bind(args)
     config = bound.autotune(args, force=options.force)
@@ -150,6 +140,24 @@ def tune_shape(
         shape, "tuned", time.perf_counter() - t0,
         f"{latency:.4f} ms{decision}, rel. error {rel_error:.2e}, tuned in {tune_seconds:.0f} s",
         entry,
+    )
+
+
+def tuning_kernel(kernel: helion.Kernel, seeds: list, reference, dtype: torch.dtype,
+                  options: TuneOptions, progress_bar: bool) -> helion.Kernel:
+    """``kernel`` (same static_shapes) with Helion's autotuner settings from ``options``:
+    seeded with ``seeds``, every candidate checked against ``reference`` by
+    :func:`~.verify.check_outputs` at ``dtype``'s tolerance."""
+    return helion.kernel(
+        kernel.fn,
+        static_shapes=kernel.settings.static_shapes,
+        autotune_effort=options.effort,
+        autotune_budget_seconds=options.budget_seconds,
+        autotune_seed_configs=seeds,
+        autotune_random_seed=options.seed,
+        autotune_baseline_fn=reference,
+        autotune_baseline_accuracy_check_fn=functools.partial(_accuracy_check, dtype=dtype),
+        autotune_progress_bar=progress_bar,
     )
 
 

@@ -6,6 +6,7 @@ loaded offset as a loop bound); CUDA tests run both kernels on a GPU.
 
 from __future__ import annotations
 
+import helion
 import pytest
 import torch
 
@@ -14,6 +15,7 @@ from helion_kernels.registry import ConfigFallbackWarning
 from helion_kernels.kernels.flash_norm_attention import (
     MAX_SEQ_LEN_KV,
     flash_norm_attention_kernel,
+    flash_norm_attention_per_head_kernel,
     flash_norm_attention_reference,
 )
 from helion_kernels.kernels.gdpa import (
@@ -76,6 +78,23 @@ def test_flash_norm_attention_matches_fp64(heads, dim, affine, activation, dtype
                                activation=activation, qk_scale=0.5)
     ref = flash_norm_attention_reference(q.double(), k.double(), v.double(), qo, ko,
                                          *[None if p is None else p.double().view(heads, dim) for p in params],
+                                         1e-5, 0.5, activation)
+    _check_per_sequence(out, ref, qo, dtype)
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+def test_per_head_candidate_matches_fp64(affine, activation, dtype, device):
+    """The per-head candidate kernel (not yet behind the public function)."""
+    q, k, v, qo, ko = _inputs(dtype, device, 2, 3, 64)
+    params = [None if p is None else p.view(3, 64) for p in
+              (_affine(3, 64, dtype, device, 3) if affine else (None, None, None))]
+    out = flash_norm_attention_per_head_kernel(q, k, v, qo, ko, *params, 1e-5, 0.5,
+                                               ACTIVATIONS.index(activation))
+    ref = flash_norm_attention_reference(q.double(), k.double(), v.double(), qo, ko,
+                                         *[None if p is None else p.double() for p in params],
                                          1e-5, 0.5, activation)
     _check_per_sequence(out, ref, qo, dtype)
 
@@ -147,7 +166,6 @@ def test_jagged_lengths_average_fill():
 
 @pytest.mark.triton_interpret  # code generation only (see the module docstring)
 def test_generated_code_for_kv_tiles_up_to_the_limit():
-    import helion
 
     q, k, v, qo, ko = _inputs(torch.float16, "cpu", 10, heads=2, dim=128)
     w = torch.ones(2, 128, dtype=torch.float16)
@@ -168,7 +186,6 @@ INTERPRETER_KV = [7, 4, 0, 37]  # an empty KV sequence; 37 rows = 3 KV tiles of 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("heads", [2, 3])  # H * D not a power of two with H = 3
 def test_generated_code_under_the_interpreter(heads, activation):
-    import helion
 
     dtype = torch.float16  # bf16 tl.dot is broken in the interpreter
     q, k, v, qo, ko = _inputs(dtype, "cpu", 14, heads, 32, INTERPRETER_Q, INTERPRETER_KV)
@@ -180,11 +197,12 @@ def test_generated_code_under_the_interpreter(heads, activation):
 
     w, b, r = (p.view(heads, 32) for p in _affine(heads, 32, dtype, "cpu", 15))
     args = (q, k, v, qo, ko, w, b, r, 1e-5, 0.7, index)
-    bound = flash_norm_attention_kernel.bind(args)
-    bound.set_config(helion.Config(block_sizes=[16, 4], num_warps=4, num_stages=1))
     ref = flash_norm_attention_reference(q.double(), k.double(), v.double(), qo, ko, w.double(),
                                          b.double(), r.double(), 1e-5, 0.7, activation)
-    _check_per_sequence(bound(*args), ref, qo, dtype)
+    for kernel in (flash_norm_attention_kernel, flash_norm_attention_per_head_kernel):
+        bound = kernel.bind(args)
+        bound.set_config(helion.Config(block_sizes=[16, 4], num_warps=4, num_stages=1))
+        _check_per_sequence(bound(*args), ref, qo, dtype)
 
 
 @pytest.mark.cuda
@@ -200,9 +218,13 @@ def test_cuda_both_kernels(activation, registry_dir):
     with pytest.warns(ConfigFallbackWarning, match="default config"):
         out = flash_norm_attention(q, k, v, qo, ko, 37, 128, *params, activation=activation)
     ops.clear_cache()
-    ref = flash_norm_attention_reference(q, k, v, qo, ko, *[p.view(4, 128) for p in params],
-                                         1e-5, 1.0, activation)
+    hd = [p.view(4, 128) for p in params]
+    ref = flash_norm_attention_reference(q, k, v, qo, ko, *hd, 1e-5, 1.0, activation)
     _check_per_sequence(out, ref, qo, torch.bfloat16)
+    args = (q, k, v, qo, ko, *hd, 1e-5, 1.0, ACTIVATIONS.index(activation))
+    candidate = flash_norm_attention_per_head_kernel.bind(args)
+    candidate.set_config(helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2))
+    _check_per_sequence(candidate(*args), ref, qo, torch.bfloat16)
 
 
 @pytest.mark.ref_mode

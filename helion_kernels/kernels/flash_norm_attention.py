@@ -40,8 +40,10 @@ __all__ = [
     "ACTIVATIONS",
     "MAX_SEQ_LEN_KV",
     "DEFAULT_CONFIG",
+    "PER_HEAD_SEED_CONFIGS",
     "SEED_CONFIGS",
     "flash_norm_attention_kernel",
+    "flash_norm_attention_per_head_kernel",
     "flash_norm_attention_reference",
     "unfused_block",
 ]
@@ -103,6 +105,88 @@ def flash_norm_attention_kernel(
     return out
 
 
+# Candidate design, not yet measured on a GPU (bench/NOTES.md): the H200 run of the kernel
+# above found it 1.35-2.0x slower than `gdpa` + eager norms, because it keeps a
+# [tile_q, H*D] tile and runs batched 3-D dots over all heads with 16-row tiles.
+@helion.kernel(static_shapes=False)
+def flash_norm_attention_per_head_kernel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    rms_weight: torch.Tensor | None,
+    eps: float,
+    qk_scale: float,
+    activation: int,
+) -> torch.Tensor:
+    """Same contract as :func:`flash_norm_attention_kernel`, one head at a time.
+
+    Per Q tile: two loops over heads for the LayerNorm statistics over H*D; a third computes
+    each head's ``o_h = act(ln_h k_h^T) v_h + ln_h`` with 2-D dots and sums ``o_h**2`` over
+    heads; a fourth recomputes ``o_h`` and writes ``o_h * rstd * w_h + q_h``. Recomputing the
+    attention (cheap: its FLOP floor is below the byte floor at KV = 128) means no
+    [tile_q, H*D] tile is held and nothing is written and read back inside a program. The
+    two attention loops repeat each other: Helion 1.5 cannot inline a helper that indexes.
+    Config ``block_sizes`` = [tile_kv (16 to 128), tile_q].
+    """
+    num_heads = hl.specialize(q.size(1))
+    head_dim = hl.specialize(q.size(2))
+    act = hl.specialize(activation)
+    width = num_heads * head_dim
+    block_kv = hl.register_block_size(16, MAX_SEQ_LEN_KV)
+    batch = q_offsets.size(0) - 1
+    out = torch.empty_like(q)
+    for seq in hl.grid(batch):
+        q_start = q_offsets[seq]
+        q_end = q_offsets[seq + 1]
+        kv_start = kv_offsets[seq]
+        kv_end = kv_offsets[seq + 1]
+        for tile_q in hl.tile(q_start, q_end):
+            row_sum = hl.zeros([tile_q], dtype=torch.float32)
+            for h in hl.grid(num_heads):
+                row_sum = row_sum + torch.sum(q[tile_q, h, :].to(torch.float32), dim=1)
+            mean = row_sum / width
+            row_m2 = hl.zeros([tile_q], dtype=torch.float32)
+            for h in hl.grid(num_heads):
+                d = q[tile_q, h, :].to(torch.float32) - mean[:, None]
+                row_m2 = row_m2 + torch.sum(d * d, dim=1)
+            rstd = torch.rsqrt(row_m2 / width + eps)
+            sum_sq = hl.zeros([tile_q], dtype=torch.float32)
+            for h in hl.grid(num_heads):
+                ln = (q[tile_q, h, :].to(torch.float32) - mean[:, None]) * rstd[:, None]
+                if ln_weight is not None:
+                    ln = ln * ln_weight[h, :].to(torch.float32)[None, :]
+                if ln_bias is not None:
+                    ln = ln + ln_bias[h, :].to(torch.float32)[None, :]
+                ln_q = ln.to(q.dtype)
+                acc = hl.zeros([tile_q, head_dim], dtype=torch.float32)
+                for tile_kv in hl.tile(kv_start, kv_end, block_size=block_kv):
+                    p = apply_activation(torch.matmul(ln_q, k[tile_kv, h, :].T) * qk_scale, act)
+                    acc = torch.addmm(acc, p.to(v.dtype), v[tile_kv, h, :])
+                o = acc + ln
+                sum_sq = sum_sq + torch.sum(o * o, dim=1)
+            rstd_o = torch.rsqrt(sum_sq / width + eps)
+            for h in hl.grid(num_heads):
+                ln = (q[tile_q, h, :].to(torch.float32) - mean[:, None]) * rstd[:, None]
+                if ln_weight is not None:
+                    ln = ln * ln_weight[h, :].to(torch.float32)[None, :]
+                if ln_bias is not None:
+                    ln = ln + ln_bias[h, :].to(torch.float32)[None, :]
+                ln_q = ln.to(q.dtype)
+                acc = hl.zeros([tile_q, head_dim], dtype=torch.float32)
+                for tile_kv in hl.tile(kv_start, kv_end, block_size=block_kv):
+                    p = apply_activation(torch.matmul(ln_q, k[tile_kv, h, :].T) * qk_scale, act)
+                    acc = torch.addmm(acc, p.to(v.dtype), v[tile_kv, h, :])
+                y = (acc + ln) * rstd_o[:, None]
+                if rms_weight is not None:
+                    y = y * rms_weight[h, :].to(torch.float32)[None, :]
+                out[tile_q, h, :] = (y + q[tile_q, h, :].to(torch.float32)).to(out.dtype)
+    return out
+
+
 # block_sizes = [tile_kv, tile_q]. The program holds [tile_q, H*D] fp32 tiles in registers
 # and [tile_kv, H*D] K and V tiles in shared memory, so both shrink as H*D grows. The default
 # needs 2 x 16 x H*D x 2 bytes of K/V per stage: 64 KiB at H*D = 1024.
@@ -111,6 +195,13 @@ SEED_CONFIGS = tuple(
     helion.Config(block_sizes=[kv, tq], num_warps=w, num_stages=st)
     for kv, tq, w, st in ((16, 16, 4, 1), (32, 16, 4, 2), (32, 16, 8, 1), (64, 16, 8, 1),
                           (32, 32, 8, 1), (64, 32, 8, 2), (128, 16, 8, 1), (128, 32, 8, 2))
+)
+
+
+# Seeds of the per-head candidate: 2-D tiles as in the GDPA kernel.
+PER_HEAD_SEED_CONFIGS = tuple(
+    helion.Config(block_sizes=[kv, tq], num_warps=w, num_stages=st)
+    for kv, tq, w, st in ((64, 64, 4, 2), (128, 64, 4, 2), (64, 128, 8, 2), (128, 128, 8, 2))
 )
 
 

@@ -1,0 +1,80 @@
+"""Autotune/benchmark plumbing of flash_norm_attention (helion_kernels.attention), on the CPU.
+
+Timing needs a GPU; here the timer is replaced so the rest of a benchmark row (inputs,
+reference checks, the unfused baselines, the metrics) runs in reference mode.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+from helion_kernels import attention
+from helion_kernels.kernels.spec import AttentionShape
+from helion_kernels.timing import Ceilings
+
+pytestmark = pytest.mark.usefixtures("poisoned_empty")
+
+ROW = attention.AttentionRow(batch=3, H=2, D=16, max_seq_len_q=20, seq_len_kv=8, fill=0.5, seed=0)
+
+
+def test_tuning_row_is_the_longest_q_per_head_shape():
+    rows = [attention.AttentionRow(4, h, 16, q, 8, 0.5, 0) for h in (2, 4) for q in (64, 16, 32)]
+    picked = attention._tuning_row(rows)
+    assert set(picked) == {AttentionShape(2, 16), AttentionShape(4, 16)}
+    assert all(r.max_seq_len_q == 64 for r in picked.values())
+
+
+def test_make_args_same_lengths_other_values():
+    a, b = attention.make_args(ROW, torch.float32, "cpu", 0), attention.make_args(ROW, torch.float32, "cpu", 1)
+    assert torch.equal(a[3], b[3]) and a[3][-1] == sum(ROW.q_lengths()) == a[0].shape[0]
+    assert torch.equal(a[4], torch.arange(0, 8 * 3 + 1, 8))
+    assert not torch.equal(a[0], b[0]) and a[5].shape == (2, 16)
+    assert attention.min_bytes(a) == 4 * (2 * a[0].numel() + 2 * a[1].numel())
+    assert attention.flops(ROW) == 4 * 2 * 16 * 8 * sum(ROW.q_lengths())
+
+
+@pytest.mark.ref_mode
+def test_bench_row_checks_and_metrics(monkeypatch, registry_dir):
+    calls = []
+
+    def fake_time(fns, rep_ms=50):
+        fns = fns if isinstance(fns, list) else [fns]
+        for fn in fns:
+            fn()
+        calls.append(len(fns))
+        return {0: 2.0, 1: 4.0, 2: 6.0, 3: 3.0}[len(calls) - 1]
+
+    monkeypatch.setattr(attention, "time_ms", fake_time)
+    monkeypatch.setattr(attention, "input_copies", lambda nbytes, device: 2)
+    with pytest.warns(match="default config"):
+        row = attention.bench_row(ROW, torch.float32, torch.device("cpu"), Ceilings(1000.0, 100.0),
+                                  attention.fna.unfused_block)
+    assert calls == [2, 2, 2, 2]  # every candidate timed over both input sets
+    assert row["flash_norm_attention_check"] == "ok" and row["unfused_compiled_check"] == "ok"
+    assert row["flash_norm_attention_rel_error"] < 1e-5 and row["config"] == "default"
+    assert row["speedup_vs_compiled"] == 3.0 and row["speedup_vs_eager"] == 2.0
+    assert row["speedup_vs_gdpa+eager_norms"] == 1.5
+    assert row["fused_over_floor"] == pytest.approx(2.0 / row["byte_floor_ms"])
+
+
+@pytest.mark.ref_mode
+def test_bench_row_reports_a_wrong_kernel(monkeypatch, registry_dir):
+    monkeypatch.setattr(attention, "time_ms", lambda fns, rep_ms=50: 1.0)
+    monkeypatch.setattr(attention, "input_copies", lambda nbytes, device: 1)
+    monkeypatch.setattr(attention.ops, "flash_norm_attention",
+                        lambda q, *a, **kw: torch.zeros_like(q))
+    with pytest.warns(match="default config"):
+        row = attention.bench_row(ROW, torch.float32, torch.device("cpu"), Ceilings(1000.0, 100.0),
+                                  attention.fna.unfused_block)
+    assert row["flash_norm_attention_check"].startswith("FAILED")
+    assert row["unfused_compiled_check"] == "ok"
+
+
+def test_plot_writes_a_png(tmp_path):
+    df = pd.DataFrame([{"H": 2, "max_seq_len_q": q, "flash_norm_attention_ms": 1.0, "unfused_compiled_ms": 2.0,
+                        "unfused_eager_ms": 2.5, "gdpa+eager_norms_ms": 0.8, "byte_floor_ms": 0.1,
+                        "speedup_vs_compiled": 2.0} for q in (256, 512)])
+    attention.plot(df, {"gpu": "GPU X"}, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 1000
