@@ -131,13 +131,22 @@ def test_gemm_tile_width(n, num_tiles, width):
 @pytest.mark.triton_interpret  # code generation only; reference mode has none
 @pytest.mark.parametrize("spec", [split_n.SPEC_LAYERNORM, split_n.SPEC_RMSNORM], ids=lambda s: s.name)
 def test_persistent_kernel_code_has_one_grid_barrier(spec):
-    """Every seed and the default config generate a persistent kernel with the barrier."""
+    """Every seed and the default config generate a persistent kernel with the barrier, whose
+    phase 2 reduces a row's partials in one block, not in a masked 4096-wide loop, also after
+    Helion's autotuner has taken the seed in (it fills a missing ``reduction_loops`` with
+    4096: what the first H200 tuning ran)."""
+    from helion.autotuner.config_generation import ConfigGeneration  # Helion 1.5 internals
+
     args = spec.make_args(Shape(64, 96, 512), torch.float16, "cpu", None)
     bound = spec.kernel.bind(args)
-    for config in (spec.default_config, *spec.seed_configs):
+    seeds = ConfigGeneration(bound.config_spec).user_seed_flat_config_pairs(
+        [spec.default_config, *spec.seed_configs])
+    assert len(seeds) == 1 + len(spec.seed_configs)
+    for _, config in seeds:
         code = bound.to_triton_code(config)
         assert code.count("x_grid_barrier(") == 1, config
         assert "_NUM_SM" in code
+        assert "_RDIM_SIZE" in code and "_REDUCTION_BLOCK" not in code, config
 
 
 def test_specs_registered():

@@ -328,8 +328,12 @@ def rmsnorm_two_kernels(
 
 
 # Hopper GEMM tilings for phase 1 (block_sizes [tile_n, tile_m, tile_k, phase-2 rows, ...]).
+# reduction_loops=[None]: phase 2 reduces a row's T = cdiv(N, tile_n) partials in one
+# next_pow2(T)-wide block. T is symbolic to Helion, whose default for large M is a
+# 4096-wide masked loop per row tile (what the first H200 tuning ran, see bench/NOTES.md).
+_ONE_BLOCK = {"reduction_loops": [None]}
 _SEEDS_LN = tuple(
-    helion.Config(block_sizes=[tn, tm, 64, 8], num_warps=w, num_stages=st, indexing=ix)
+    helion.Config(block_sizes=[tn, tm, 64, 8], num_warps=w, num_stages=st, indexing=ix, **_ONE_BLOCK)
     for tn, tm, w, st, ix in ((256, 128, 8, 4, "pointer"), (128, 128, 4, 4, "pointer"),
                               (128, 128, 8, 3, "tensor_descriptor"), (128, 64, 4, 4, "pointer"))
 )
@@ -376,7 +380,7 @@ SPEC_LAYERNORM = dataclasses.replace(
     _full_row.SPEC_LAYERNORM,
     name="matmul_layernorm_split_n",
     kernel=matmul_layernorm_split_n_kernel,
-    default_config=helion.Config(block_sizes=[64, 64, 32, 8], num_warps=4, num_stages=2),
+    default_config=helion.Config(block_sizes=[64, 64, 32, 8], num_warps=4, num_stages=2, **_ONE_BLOCK),
     seed_configs=_SEEDS_LN,
     technique=_TECHNIQUE,
     baselines=_baselines_layernorm,
@@ -387,7 +391,7 @@ SPEC_RMSNORM = dataclasses.replace(
     _full_row.SPEC_RMSNORM,
     name="matmul_rmsnorm_split_n",
     kernel=matmul_rmsnorm_split_n_kernel,
-    default_config=helion.Config(block_sizes=[64, 64, 32, 8, 128], num_warps=4, num_stages=2),
+    default_config=helion.Config(block_sizes=[64, 64, 32, 8, 128], num_warps=4, num_stages=2, **_ONE_BLOCK),
     seed_configs=_SEEDS_RMS,
     technique=_TECHNIQUE,
     baselines=_baselines_rmsnorm,
