@@ -128,8 +128,24 @@ def run(spec: KernelSpec, args: tuple):
     shape and process).
     """
     if is_ref_mode_enabled(spec.kernel.settings):
-        return spec.kernel(*args)
+        return _reference_mode_call(spec.kernel, args)
     return _bound(spec, args)[0](*args)
+
+
+def _reference_mode_call(kernel, args: tuple):
+    """Run ``kernel`` eagerly (Helion's reference mode), turning the CPU build's missing
+    ``mm``/``bmm`` with ``out_dtype`` into an error that says what is going on."""
+    try:
+        return kernel(*args)
+    except NotImplementedError as err:
+        if "mm.dtype" not in str(err):
+            raise
+        raise NotImplementedError(
+            "Helion's reference mode (HELION_INTERPRET=1) runs the kernels' dots as "
+            "torch.mm / torch.bmm with out_dtype=, which torch's CPU build does not implement. "
+            "Run on a CUDA device; the CPU test suite patches this in tests/conftest.py to "
+            "check the kernels' math."
+        ) from err
 
 
 def clear_cache() -> None:
@@ -593,7 +609,7 @@ def _run_jagged(kernel, args: tuple, default: helion.Config, registry_name: str 
     """Run a jagged attention kernel, compiled once per (H, D, dtype, ...) specialisation,
     with the registry's config for (H, D, dtype) (``registry_name``) or ``default``."""
     if is_ref_mode_enabled(kernel.settings):
-        return kernel(*args)
+        return _reference_mode_call(kernel, args)
     key = (kernel.name, kernel.specialization_key(args))
     bound = _JAGGED_BOUND.get(key)
     if bound is None:
@@ -703,7 +719,7 @@ def flash_norm_attention(
     """
     op = "flash_norm_attention"
     limit = _fna.MAX_SEQ_LEN_KV
-    if isinstance(max_seq_len_kv, int) and not isinstance(max_seq_len_kv, bool) and max_seq_len_kv > limit:
+    if isinstance(max_seq_len_kv, Integral) and not isinstance(max_seq_len_kv, bool) and max_seq_len_kv > limit:
         raise ValueError(
             f"{op}: max_seq_len_kv = {max_seq_len_kv} is past this kernel's limit of {limit} KV "
             f"rows per sequence (the short-KV regime it is built and tuned for); use gdpa() with "

@@ -144,6 +144,14 @@ def test_bad_inputs_raise_before_launch(fn, monkeypatch):
     _bad(fn, "qk_scale must be a finite", qk_scale=float("nan"))
 
 
+def test_kv_limit_holds_for_any_integer_type():
+    import numpy as np
+
+    q, k, v, qo, ko = _inputs(torch.float32, "cpu", 9, q_lengths=[4], kv_lengths=[129])
+    with pytest.raises(ValueError, match=rf"limit of {MAX_SEQ_LEN_KV} KV rows"):
+        flash_norm_attention(q, k, v, qo, ko, 4, np.int64(200))
+
+
 @pytest.mark.ref_mode
 def test_flash_norm_attention_refuses_long_kv():
     q, k, v, qo, ko = _inputs(torch.float32, "cpu", 9, q_lengths=[4], kv_lengths=[129])

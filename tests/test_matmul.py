@@ -44,3 +44,16 @@ def test_triton_code_for_explicit_configs(block_sizes, dtype):
 def test_cuda_with_registry_configs(shape, dtype, device):
     a, b = SPEC.make_args(shape, dtype, device, 2)
     check_outputs(matmul(a, b), matmul_reference(a, b), dtype)
+
+
+@pytest.mark.ref_mode
+def test_reference_mode_without_the_cpu_patch_says_why(monkeypatch):
+    """Outside the test suite's patch, torch's CPU build lacks mm/bmm with out_dtype: the
+    user gets an error saying so, not a raw dispatcher message."""
+    def missing(*args, **kwargs):
+        raise NotImplementedError("Could not run 'aten::mm.dtype' with arguments from the 'CPU' backend.")
+
+    monkeypatch.setattr(torch, "mm", missing)
+    a, b = torch.randn(8, 16), torch.randn(16, 8)
+    with pytest.raises(NotImplementedError, match="torch's CPU build does not implement"):
+        matmul(a, b)

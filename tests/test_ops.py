@@ -112,3 +112,17 @@ def test_meta_tensors_are_refused():
     a, b = _ab()
     with pytest.raises(ValueError, match="meta tensors hold no data"):
         rmsnorm_matmul(a.to("meta"), b.to("meta"))
+
+
+@pytest.mark.parametrize(("weight", "b", "error", "match"), [
+    (torch.ones(3), torch.ones(4, 5), ValueError, r"shape \[K\] = \(4,\)"),
+    (torch.ones(1), torch.ones(4, 5), ValueError, r"shape \[K\] = \(4,\)"),  # no silent broadcast
+    (torch.ones(4, dtype=torch.int32), torch.ones(4, 5), TypeError, "floating-point"),
+    (torch.ones(4), torch.ones(4), ValueError, "2-D"),
+    ([1.0] * 4, torch.ones(4, 5), TypeError, "floating-point tensor, got list"),
+])
+def test_fold_rmsnorm_weight_bad_input(weight, b, error, match):
+    from helion_kernels import fold_rmsnorm_weight
+
+    with pytest.raises(error, match=match):
+        fold_rmsnorm_weight(weight, b)

@@ -99,7 +99,23 @@ def fold_rmsnorm_weight(weight: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     Returns:
         [K, N] in ``b.dtype``, computed in fp32 and rounded once. Compute it once per
         weight update and pass it as ``b`` with ``weight=None`` to reuse it.
+
+    Raises:
+        TypeError: ``weight`` or ``b`` is not a floating-point tensor.
+        ValueError: ``b`` is not 2-D, ``weight`` is not [K], or they are on two devices.
     """
+    op = "fold_rmsnorm_weight"
+    for name, t in (("weight", weight), ("b", b)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{op}: {name} must be a floating-point tensor, got "
+                            f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if b.dim() != 2:
+        raise ValueError(f"{op}: b must be 2-D [K, N], got shape {tuple(b.shape)}")
+    if tuple(weight.shape) != (b.shape[0],):
+        raise ValueError(f"{op}: weight must have shape [K] = ({b.shape[0]},) to match b "
+                         f"{tuple(b.shape)}, got {tuple(weight.shape)}")
+    if weight.device != b.device:
+        raise ValueError(f"{op}: weight is on {weight.device} and b on {b.device}")
     return (weight.to(torch.float32)[:, None] * b.to(torch.float32)).to(b.dtype)
 
 
