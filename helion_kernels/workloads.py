@@ -42,8 +42,11 @@ def load_workload(name: str, where: str | None = None, kind: str = "gemm") -> pd
     path = workload_dir(kind) / f"{name}.csv"
     columns = KINDS[kind][1]
     if not path.is_file():
+        other = next((k for k in KINDS if k != kind and name in list_workloads(k)), None)
+        hint = (f"; {name!r} is an {other} workload (--kernel flash_norm_attention)" if other == "attention"
+                else f"; {name!r} is a {other} workload, for the GEMM-shaped kernels" if other else "")
         raise ValueError(
-            f"unknown workload {name!r} (no {path}); known: {', '.join(list_workloads(kind)) or 'none'}"
+            f"unknown workload {name!r} (no {path}); known: {', '.join(list_workloads(kind)) or 'none'}{hint}"
         )
     df = pd.read_csv(path, comment="#", skipinitialspace=True)
     missing = [c for c in columns if c not in df.columns]

@@ -119,4 +119,7 @@ def test_attention_autotune_takes_workload_rows_not_shapes(capsys):
     assert main(["autotune", "--kernel", "flash_norm_attention", "--shape", "1,2,3"]) == 2
     assert "not --shape" in capsys.readouterr().err
     assert main(["bench", "--kernel", "flash_norm_attention", "--workload", "prenorm_rmsnorm"]) == 2
-    assert "unknown workload 'prenorm_rmsnorm'" in capsys.readouterr().err
+    assert "unknown workload 'prenorm_rmsnorm'" in (err := capsys.readouterr().err)
+    assert "'prenorm_rmsnorm' is a gemm workload, for the GEMM-shaped kernels" in err
+    assert main(["bench", "--kernel", "matmul", "--workload", "flash_norm_attention"]) == 2
+    assert "'flash_norm_attention' is an attention workload (--kernel flash_norm_attention)" in capsys.readouterr().err
