@@ -60,18 +60,16 @@ def main() -> int:
         print(out, flush=True)
     q, k, v, qo, ko = kargs[:5]
     ln_w, ln_b, rms_w = (t.reshape(-1) for t in kargs[5:8])
+    eps, qk_scale, activation = kargs[8:]
     for cfg in GDPA_CONFIGS:
         out = {"kernel": "gdpa+eager_norms", "config": repr(cfg.config)}
         try:
-            bound = gd.gdpa_kernel.bind((q, k, v, qo, ko, 1.0, 0))
+            bound = gd.gdpa_kernel.bind((q, k, v, qo, ko, qk_scale, activation))
             bound.set_config(cfg)
 
             def run():
-                total, heads, dim = q.shape
-                ln = torch.nn.functional.layer_norm(q.view(total, -1), (heads * dim,), ln_w, ln_b, 1e-5)
-                ln = ln.view(total, heads, dim)
-                o = bound(ln, k, v, qo, ko, 1.0, 0) + ln
-                return torch.nn.functional.rms_norm(o.view(total, -1), (heads * dim,), rms_w, 1e-5).view_as(q) + q
+                return fna.norm_block(q, lambda ln: bound(ln, k, v, qo, ko, qk_scale, activation),
+                                      ln_w, ln_b, rms_w, eps)
 
             out["rel_error"] = check_outputs(run(), ref, torch.bfloat16)
             out["ms"] = time_ms(run)

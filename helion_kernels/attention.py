@@ -21,21 +21,20 @@ Normalization" (Meta, 2026).
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import functools
 import time
 
 import helion
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from . import ops, registry
+from .benchmark import codegen_status, finish_plot, run_meta
 from .kernels import flash_norm_attention as fna
 from .kernels.gdpa import ACTIVATIONS, jagged_lengths, random_jagged_inputs
 from .kernels.spec import AttentionShape
 from .timing import Ceilings, input_copies, measure_ceilings, time_ms
-from .tuning import TuneOptions, TuneResult, tuning_kernel, versions
+from .tuning import TuneOptions, TuneResult, entry_meta, sweep, tuning_kernel
 from .verify import check_deterministic, check_outputs
 
 KERNEL = "flash_norm_attention"
@@ -136,16 +135,9 @@ def tune_row(row: AttentionRow, dtype: torch.dtype, options: TuneOptions, device
     rel_error = check_outputs(bound(*fresh), reference(*fresh), dtype)
     check_deterministic(lambda: bound(*fresh))
     latency = time_ms(lambda: bound(*args))
-    entry = registry.Entry(row.shape, name, config, meta={
-        "latency_ms": round(latency, 5),
-        "rel_error": float(f"{rel_error:.3g}"),
-        "tuned_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "tuned_on": {**dataclasses.asdict(row), "activation": ACTIVATION, "affine": True},
-        "autotune": {"effort": options.effort, "budget_seconds": options.budget_seconds,
-                     "seconds": round(tune_seconds, 1),
-                     "seeded_from": None if near is None else f"{near.shape} {near.dtype}"},
-        "versions": versions(),
-    })
+    entry = registry.Entry(row.shape, name, config, meta=entry_meta(
+        latency, rel_error, options, tune_seconds, near,
+        tuned_on={**dataclasses.asdict(row), "activation": ACTIVATION, "affine": True}))
     registry.save_entry(KERNEL, gpu, entry, gpu_name=torch.cuda.get_device_name(device))
     return TuneResult(row.shape, "tuned", time.perf_counter() - t0,
                       f"{latency:.4f} ms on {row}, rel. error {rel_error:.2e}, tuned in {tune_seconds:.0f} s",
@@ -156,35 +148,16 @@ def tune_rows(rows: list[AttentionRow], dtype: torch.dtype, options: TuneOptions
               device: torch.device) -> list[TuneResult]:
     """:func:`tune_row` for each distinct (H, D) of ``rows`` (on its longest-Q row), with a
     progress bar; a failing (H, D) does not stop the rest."""
-    from rich.console import Console
-    from rich.progress import Progress
-
-    picked = list(_tuning_row(rows).values())
-    results = []
-    with Progress(console=Console(stderr=True)) as progress:
-        task = progress.add_task(f"autotune {KERNEL}", total=len(picked))
-        for row in picked:
-            progress.update(task, description=f"autotune {KERNEL} {row}")
-            t0 = time.perf_counter()
-            try:
-                result = tune_row(row, dtype, options, device)
-            except Exception as err:  # keep going: the other (H, D) are still worth tuning
-                result = TuneResult(row.shape, "failed", time.perf_counter() - t0,
-                                    f"{type(err).__name__}: {err}")
-            results.append(result)
-            style = {"tuned": "green", "skipped": "dim", "failed": "red"}[result.status]
-            progress.console.print(f"[{style}]{result.status:8}[/] {row.shape}  {result.message}")
-            progress.advance(task)
-    return results
+    picked = _tuning_row(rows)
+    return sweep(f"autotune {KERNEL}", [(shape, str(row)) for shape, row in picked.items()],
+                 lambda shape: tune_row(picked[shape], dtype, options, device))
 
 
 def _gdpa_eager_norms(q, k, v, qo, ko, max_q, max_kv, ln_w, ln_b, rms_w, eps, activation):
     """This package's unfused GDPA kernel between eager PyTorch norms and residuals."""
-    total, heads, dim = q.shape
-    width = heads * dim
-    ln = F.layer_norm(q.view(total, width), (width,), ln_w, ln_b, eps).view(total, heads, dim)
-    o = ops.gdpa(ln, k, v, qo, ko, max_q, max_kv, activation, validate=False) + ln
-    return F.rms_norm(o.view(total, width), (width,), rms_w, eps).view(total, heads, dim) + q
+    return fna.norm_block(
+        q, lambda ln: ops.gdpa(ln, k, v, qo, ko, max_q, max_kv, activation, validate=False),
+        ln_w, ln_b, rms_w, eps)
 
 
 def bench_row(row: AttentionRow, dtype: torch.dtype, device: torch.device, ceilings: Ceilings,
@@ -247,8 +220,6 @@ def run_benchmark(rows: list[AttentionRow], dtype: torch.dtype, device: torch.de
             torch._dynamo.reset()
             compiled, compiled_for = torch.compile(fna.unfused_block, dynamic=True), row.shape
         results.append(bench_row(row, dtype, device, ceilings, compiled))
-    from .benchmark import run_meta
-
     meta = run_meta(
         device, ceilings,
         inputs=f"activation {ACTIVATION}, affine LayerNorm and RMSNorm, eps {EPS}, qk_scale 1",
@@ -286,21 +257,13 @@ def plot(df: pd.DataFrame, meta: dict, path) -> None:
     axes[1].axhline(1.0, color="k", lw=0.8)
     axes[1].set_ylabel("speed-up over compiled unfused")
     axes[1].legend(fontsize=8)
-    for ax in axes:
-        ax.tick_params(axis="x", rotation=45)
-        for lab in ax.get_xticklabels():
-            lab.set_ha("right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    finish_plot(fig, axes, path)
 
 
 def cpu_report(rows: list[AttentionRow], dtype: torch.dtype) -> pd.DataFrame:
     """Without a GPU: per registered GPU and (H, D), the config a call would use, checked to
     generate Triton code with the installed Helion."""
     from helion.runtime.ref_mode import RefMode
-
-    from .benchmark import codegen_status
 
     kernel = helion.kernel(fna.flash_norm_attention_kernel.fn, static_shapes=False, ref_mode=RefMode.OFF)
     name = registry.dtype_name(dtype)

@@ -185,7 +185,14 @@ def plot(df: pd.DataFrame, meta: dict, path: Path) -> None:
         axes[1, 0].set_ylabel("% of inductor norm latency saved")
         axes[1, 0].set_title("latency saved (higher is better)")
         axes[1, 0].legend(fontsize=8)
-    for ax in axes[:, 0]:
+    finish_plot(fig, axes[:, 0], path)
+
+
+def finish_plot(fig, axes, path: Path) -> None:
+    """Slant the per-row x labels of ``axes``, save ``fig`` to ``path`` and close it."""
+    import matplotlib.pyplot as plt
+
+    for ax in axes:
         ax.tick_params(axis="x", rotation=45)
         for lab in ax.get_xticklabels():
             lab.set_ha("right")

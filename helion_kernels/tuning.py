@@ -117,19 +117,7 @@ def tune_shape(
         shape=shape,
         dtype=name,
         config=config,
-        meta={
-            "latency_ms": round(latency, 5),
-            "rel_error": float(f"{rel_error:.3g}"),
-            "tuned_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "autotune": {
-                "effort": options.effort,
-                "budget_seconds": options.budget_seconds,
-                "seconds": round(tune_seconds, 1),
-                "seeded_from": None if near is None else f"{near.shape} {near.dtype}",
-            },
-            "versions": versions(),
-            **meta_dispatch,
-        },
+        meta=entry_meta(latency, rel_error, options, tune_seconds, near, **meta_dispatch),
     )
     registry.save_entry(spec.name, gpu, entry, gpu_name=torch.cuda.get_device_name(device))
     decision = ""
@@ -141,6 +129,25 @@ def tune_shape(
         f"{latency:.4f} ms{decision}, rel. error {rel_error:.2e}, tuned in {tune_seconds:.0f} s",
         entry,
     )
+
+
+def entry_meta(latency: float, rel_error: float, options: TuneOptions, tune_seconds: float,
+               near: registry.Entry | None, **extra) -> dict:
+    """What a registry entry records of its tuning: latency (ms), relative error, date,
+    Helion's search settings, the entry it was seeded from, versions, and ``extra``."""
+    return {
+        "latency_ms": round(latency, 5),
+        "rel_error": float(f"{rel_error:.3g}"),
+        "tuned_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "autotune": {
+            "effort": options.effort,
+            "budget_seconds": options.budget_seconds,
+            "seconds": round(tune_seconds, 1),
+            "seeded_from": None if near is None else f"{near.shape} {near.dtype}",
+        },
+        "versions": versions(),
+        **extra,
+    }
 
 
 def tuning_kernel(kernel: helion.Kernel, seeds: list, reference, dtype: torch.dtype,
@@ -178,25 +185,31 @@ def tune_shapes(
     Each finished shape is in the registry as soon as it is done, so an interrupted sweep
     loses at most the shape in progress.
     """
+    name = registry.dtype_name(dtype)
+    # progress_bar=False: Helion's own bar would fight ours for the terminal.
+    return sweep(f"autotune {spec.name}", [(shape, f"{shape} {name}") for shape in shapes],
+                 lambda shape: tune_shape(spec, shape, dtype, options, device, progress_bar=False))
+
+
+def sweep(title: str, items: list[tuple[object, str]], tune_one) -> list[TuneResult]:
+    """Run ``tune_one(key)`` for each (key, label) of ``items`` under a progress bar, printing
+    each result; an exception fails that item only (the others are still worth tuning)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    shapes = list(shapes)
     results: list[TuneResult] = []
-    console = Console(stderr=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task(f"autotune {spec.name}", total=len(shapes))
-        for shape in shapes:
-            progress.update(task, description=f"autotune {spec.name} {shape} {registry.dtype_name(dtype)}")
+    with Progress(*columns, console=Console(stderr=True)) as progress:
+        task = progress.add_task(title, total=len(items))
+        for key, label in items:
+            progress.update(task, description=f"{title} {label}")
             t0 = time.perf_counter()
             try:
-                # Helion's own bar would fight ours for the terminal.
-                result = tune_shape(spec, shape, dtype, options, device, progress_bar=False)
-            except Exception as err:  # keep going: the other shapes are still worth tuning
-                result = TuneResult(shape, "failed", time.perf_counter() - t0, f"{type(err).__name__}: {err}")
+                result = tune_one(key)
+            except Exception as err:  # keep going: the other items are still worth tuning
+                result = TuneResult(key, "failed", time.perf_counter() - t0, f"{type(err).__name__}: {err}")
             results.append(result)
             style = {"tuned": "green", "skipped": "dim", "failed": "red"}[result.status]
-            progress.console.print(f"[{style}]{result.status:8}[/] {shape}  {result.message}")
+            progress.console.print(f"[{style}]{result.status:8}[/] {result.shape}  {result.message}")
             progress.advance(task)
     return results

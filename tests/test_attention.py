@@ -78,3 +78,24 @@ def test_plot_writes_a_png(tmp_path):
                         "speedup_vs_compiled": 2.0} for q in (256, 512)])
     attention.plot(df, {"gpu": "GPU X"}, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_tune_rows_tunes_each_head_shape_on_its_longest_row(monkeypatch):
+    """One tuning per (H, D), on its longest-Q row; a failure does not stop the others."""
+    from helion_kernels.tuning import TuneOptions, TuneResult
+
+    tuned = []
+
+    def fake_tune_row(row, dtype, options, device):
+        tuned.append(row)
+        if row.H == 4:
+            raise RuntimeError("no config")
+        return TuneResult(row.shape, "tuned", 0.0, "ok")
+
+    monkeypatch.setattr(attention, "tune_row", fake_tune_row)
+    rows = [attention.AttentionRow(4, h, 16, q, 8, 0.5, 0) for h in (2, 4) for q in (16, 64)]
+    results = attention.tune_rows(rows, torch.bfloat16, TuneOptions(), torch.device("cpu"))
+    assert [(r.H, r.max_seq_len_q) for r in tuned] == [(2, 64), (4, 64)]
+    assert [(r.shape, r.status) for r in results] == [(AttentionShape(2, 16), "tuned"),
+                                                      (AttentionShape(4, 16), "failed")]
+    assert "RuntimeError: no config" in results[1].message

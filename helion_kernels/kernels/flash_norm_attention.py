@@ -45,6 +45,7 @@ __all__ = [
     "flash_norm_attention_kernel",
     "flash_norm_attention_per_head_kernel",
     "flash_norm_attention_reference",
+    "norm_block",
     "unfused_block",
 ]
 
@@ -255,13 +256,11 @@ def unfused_block(
     copies, the result gathered back to the jagged rows. Affine parameters are [H * D].
 
     Zero padding is exact here: a padded K row gives a score of 0, every activation maps 0
-    to 0, and padded V rows are 0. Same dtype in and out; ``torch.compile`` it with
-    ``dynamic=False`` per workload row.
+    to 0, and padded V rows are 0. Same dtype in and out; the benchmark compiles it with
+    ``torch.compile(dynamic=True)``, once per (H, D): jagged totals change every batch.
     """
     total, heads, dim = q.shape
     batch = q_offsets.numel() - 1
-    width = heads * dim
-    ln = F.layer_norm(q.reshape(total, width), (width,), ln_weight, ln_bias, eps).view(total, heads, dim)
 
     def padded(x, offsets, max_len):
         lengths = offsets[1:] - offsets[:-1]
@@ -271,10 +270,29 @@ def unfused_block(
         out[seq, pos] = x
         return out, seq, pos
 
-    ln_pad, seq, pos = padded(ln, q_offsets, max_seq_len_q)
-    k_pad, _, _ = padded(k, kv_offsets, max_seq_len_kv)
-    v_pad, _, _ = padded(v, kv_offsets, max_seq_len_kv)
-    scores = torch.einsum("bqhd,bkhd->bhqk", ln_pad, k_pad) * qk_scale
-    o_pad = torch.einsum("bhqk,bkhd->bqhd", activation_fn(activation)(scores), v_pad)
-    o = o_pad[seq, pos] + ln
+    def attend(ln):
+        ln_pad, seq, pos = padded(ln, q_offsets, max_seq_len_q)
+        k_pad, _, _ = padded(k, kv_offsets, max_seq_len_kv)
+        v_pad, _, _ = padded(v, kv_offsets, max_seq_len_kv)
+        scores = torch.einsum("bqhd,bkhd->bhqk", ln_pad, k_pad) * qk_scale
+        return torch.einsum("bhqk,bkhd->bqhd", activation_fn(activation)(scores), v_pad)[seq, pos]
+
+    return norm_block(q, attend, ln_weight, ln_bias, rms_weight, eps)
+
+
+def norm_block(
+    q: torch.Tensor,
+    attend,
+    ln_weight: torch.Tensor | None = None,
+    ln_bias: torch.Tensor | None = None,
+    rms_weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """``rms_norm(attend(ln_q) + ln_q) + q`` with ``ln_q = layer_norm(q)``, in eager PyTorch:
+    the unfused block around any attention ``attend`` ([total, H, D] -> [total, H, D]).
+    Both norms are over H*D of ``q`` [total, H, D]; affine parameters are [H * D]."""
+    total, heads, dim = q.shape
+    width = heads * dim
+    ln = F.layer_norm(q.reshape(total, width), (width,), ln_weight, ln_bias, eps).view(total, heads, dim)
+    o = attend(ln) + ln
     return F.rms_norm(o.reshape(total, width), (width,), rms_weight, eps).view(total, heads, dim) + q
