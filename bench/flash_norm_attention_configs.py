@@ -59,16 +59,16 @@ def main() -> int:
         rows.append(out)
         print(out, flush=True)
     q, k, v, qo, ko = kargs[:5]
-    ln_w, ln_b, rms_w = (t.reshape(-1) for t in kargs[5:8])
-    eps, qk_scale, activation = kargs[8:]
+    ln_w, ln_b, rms_w = (t.reshape(-1) for t in kargs[6:9])
+    eps, qk_scale, activation = kargs[9:]
     for cfg in GDPA_CONFIGS:
         out = {"kernel": "gdpa+eager_norms", "config": repr(cfg.config)}
         try:
-            bound = gd.gdpa_kernel.bind((q, k, v, qo, ko, qk_scale, activation))
+            bound = gd.gdpa_kernel.bind((q, k, v, qo, ko, row.max_seq_len_q, qk_scale, activation))
             bound.set_config(cfg)
 
             def run():
-                return fna.norm_block(q, lambda ln: bound(ln, k, v, qo, ko, qk_scale, activation),
+                return fna.norm_block(q, lambda ln: bound(ln, k, v, qo, ko, row.max_seq_len_q, qk_scale, activation),
                                       ln_w, ln_b, rms_w, eps)
 
             out["rel_error"] = check_outputs(run(), ref, torch.bfloat16)

@@ -73,18 +73,19 @@ def rows_of(df: pd.DataFrame) -> list[AttentionRow]:
 
 
 def make_args(row: AttentionRow, dtype: torch.dtype, device, seed: int) -> tuple:
-    """Kernel arguments for ``row``: (q, k, v, q_offsets, kv_offsets, ln_weight [H, D],
-    ln_bias, rms_weight, eps, qk_scale, activation index); tensor values drawn from ``seed``
+    """Kernel arguments for ``row``: (q, k, v, q_offsets, kv_offsets, max_seq_len_q,
+    ln_weight [H, D], ln_bias, rms_weight, eps, qk_scale, activation index); tensor values drawn from ``seed``
     (the Q lengths from the row's own seed, so every draw has the same lengths)."""
     q, k, v, qo, ko = random_jagged_inputs(row.q_lengths(), [row.seq_len_kv] * row.batch, row.H,
                                            row.D, dtype, device, seed)
     gen = torch.Generator(device=device).manual_seed(seed + 1_000_003)
     params = [(1.0 if i != 1 else 0.0) + 0.1 * torch.randn(row.H, row.D, generator=gen, device=device)
               for i in range(3)]  # ln_weight ~ 1, ln_bias ~ 0, rms_weight ~ 1
-    return (q, k, v, qo, ko, *(p.to(dtype) for p in params), EPS, 1.0, ACTIVATIONS.index(ACTIVATION))
+    return (q, k, v, qo, ko, row.max_seq_len_q, *(p.to(dtype) for p in params), EPS, 1.0,
+            ACTIVATIONS.index(ACTIVATION))
 
 
-def reference(q, k, v, qo, ko, ln_weight, ln_bias, rms_weight, eps, qk_scale, activation):
+def reference(q, k, v, qo, ko, max_seq_len_q, ln_weight, ln_bias, rms_weight, eps, qk_scale, activation):
     """:func:`~.kernels.flash_norm_attention.flash_norm_attention_reference` on kernel args."""
     return fna.flash_norm_attention_reference(q, k, v, qo, ko, ln_weight, ln_bias, rms_weight,
                                               eps, qk_scale, ACTIVATIONS[activation])
@@ -172,7 +173,7 @@ def bench_row(row: AttentionRow, dtype: torch.dtype, device: torch.device, ceili
                                      registry.gpu_key(device)).source
 
     def call(fn, a, flat_params: bool):
-        q, k, v, qo, ko, lw, lb, rw, eps = a[:9]
+        q, k, v, qo, ko, _, lw, lb, rw, eps = a[:10]
         if flat_params:  # the user's block takes [H * D] parameters
             lw, lb, rw = (p.reshape(-1) for p in (lw, lb, rw))
         return fn(q, k, v, qo, ko, row.max_seq_len_q, row.seq_len_kv, lw, lb, rw, eps,

@@ -671,7 +671,7 @@ def gdpa(
     if q.shape[0] == 0:
         return torch.empty_like(q)
     args = (q.contiguous(), k.contiguous(), v.contiguous(), q_offsets, kv_offsets,
-            float(qk_scale), _gdpa.ACTIVATIONS.index(activation))
+            int(max_seq_len_q), float(qk_scale), _gdpa.ACTIVATIONS.index(activation))
     return _run_jagged(_gdpa.gdpa_kernel, args, GDPA_CONFIG)
 
 
@@ -745,7 +745,7 @@ def flash_norm_attention(
     _finite(op, "eps", eps, minimum=0.0)
     if q.shape[0] == 0:
         return torch.empty_like(q)
-    args = (q.contiguous(), k.contiguous(), v.contiguous(), q_offsets, kv_offsets, *params,
-            float(eps), float(qk_scale), _gdpa.ACTIVATIONS.index(activation))
+    args = (q.contiguous(), k.contiguous(), v.contiguous(), q_offsets, kv_offsets,
+            int(max_seq_len_q), *params, float(eps), float(qk_scale), _gdpa.ACTIVATIONS.index(activation))
     return _run_jagged(_fna.flash_norm_attention_kernel, args, _fna.DEFAULT_CONFIG,
                        "flash_norm_attention")

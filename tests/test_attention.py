@@ -30,7 +30,8 @@ def test_make_args_same_lengths_other_values():
     a, b = attention.make_args(ROW, torch.float32, "cpu", 0), attention.make_args(ROW, torch.float32, "cpu", 1)
     assert torch.equal(a[3], b[3]) and a[3][-1] == sum(ROW.q_lengths()) == a[0].shape[0]
     assert torch.equal(a[4], torch.arange(0, 8 * 3 + 1, 8))
-    assert not torch.equal(a[0], b[0]) and a[5].shape == (2, 16)
+    assert a[5] == ROW.max_seq_len_q and max(ROW.q_lengths()) <= a[5]
+    assert not torch.equal(a[0], b[0]) and a[6].shape == (2, 16)
     assert attention.min_bytes(a) == 4 * (2 * a[0].numel() + 2 * a[1].numel())
     assert attention.flops(ROW) == 4 * 2 * 16 * 8 * sum(ROW.q_lengths())
 

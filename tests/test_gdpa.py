@@ -91,7 +91,7 @@ def test_per_head_candidate_matches_fp64(affine, activation, dtype, device):
     q, k, v, qo, ko = _inputs(dtype, device, 2, 3, 64)
     params = [None if p is None else p.view(3, 64) for p in
               (_affine(3, 64, dtype, device, 3) if affine else (None, None, None))]
-    out = flash_norm_attention_per_head_kernel(q, k, v, qo, ko, *params, 1e-5, 0.5,
+    out = flash_norm_attention_per_head_kernel(q, k, v, qo, ko, 37, *params, 1e-5, 0.5,
                                                ACTIVATIONS.index(activation))
     ref = flash_norm_attention_reference(q.double(), k.double(), v.double(), qo, ko,
                                          *[None if p is None else p.double() for p in params],
@@ -177,16 +177,16 @@ def test_generated_code_for_kv_tiles_up_to_the_limit():
 
     q, k, v, qo, ko = _inputs(torch.float16, "cpu", 10, heads=2, dim=128)
     w = torch.ones(2, 128, dtype=torch.float16)
-    bound = flash_norm_attention_kernel.bind((q, k, v, qo, ko, w, w, w, 1e-5, 1.0, 0))
+    bound = flash_norm_attention_kernel.bind((q, k, v, qo, ko, 37, w, w, w, 1e-5, 1.0, 0))
     for cfg in (helion.Config(block_sizes=[16, 32], num_warps=4),
                 helion.Config(block_sizes=[MAX_SEQ_LEN_KV, 16], num_warps=8, num_stages=2)):
         code = bound.to_triton_code(cfg)
         assert f"tl.constexpr({cfg.block_sizes[0]})" in code and "tl.dot" in code
-    assert "tl.dot" in gdpa_kernel.bind((q, k, v, qo, ko, 1.0, 2)).to_triton_code(
+    assert "tl.dot" in gdpa_kernel.bind((q, k, v, qo, ko, 37, 1.0, 2)).to_triton_code(
         helion.Config(block_sizes=[32, 32]))
 
 
-INTERPRETER_Q = [5, 0, 17, 3]  # tile_q = 4: partial tiles, an empty sequence
+INTERPRETER_Q = [5, 0, 33, 3]  # tile_q = 16: 3 tiles, the last of 1 row; an empty sequence
 INTERPRETER_KV = [7, 4, 0, 37]  # an empty KV sequence; 37 rows = 3 KV tiles of 16
 
 
@@ -198,18 +198,18 @@ def test_generated_code_under_the_interpreter(heads, activation):
     dtype = torch.float16  # bf16 tl.dot is broken in the interpreter
     q, k, v, qo, ko = _inputs(dtype, "cpu", 14, heads, 32, INTERPRETER_Q, INTERPRETER_KV)
     index = ACTIVATIONS.index(activation)
-    bound = gdpa_kernel.bind((q, k, v, qo, ko, 0.7, index))
-    bound.set_config(helion.Config(block_sizes=[4, 8], num_warps=4, num_stages=1))
+    bound = gdpa_kernel.bind((q, k, v, qo, ko, 33, 0.7, index))
+    bound.set_config(helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1))
     ref = gdpa_reference(q.double(), k.double(), v.double(), qo, ko, 0.7, activation)
-    _check_per_sequence(bound(q, k, v, qo, ko, 0.7, index), ref, qo, dtype)
+    _check_per_sequence(bound(q, k, v, qo, ko, 33, 0.7, index), ref, qo, dtype)
 
     w, b, r = (p.view(heads, 32) for p in _affine(heads, 32, dtype, "cpu", 15))
-    args = (q, k, v, qo, ko, w, b, r, 1e-5, 0.7, index)
+    args = (q, k, v, qo, ko, 33, w, b, r, 1e-5, 0.7, index)
     ref = flash_norm_attention_reference(q.double(), k.double(), v.double(), qo, ko, w.double(),
                                          b.double(), r.double(), 1e-5, 0.7, activation)
     for kernel in (flash_norm_attention_kernel, flash_norm_attention_per_head_kernel):
         bound = kernel.bind(args)
-        bound.set_config(helion.Config(block_sizes=[16, 4], num_warps=4, num_stages=1))
+        bound.set_config(helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1))
         _check_per_sequence(bound(*args), ref, qo, dtype)
 
 
@@ -229,7 +229,7 @@ def test_cuda_both_kernels(activation, registry_dir):
     hd = [p.view(4, 128) for p in params]
     ref = flash_norm_attention_reference(q, k, v, qo, ko, *hd, 1e-5, 1.0, activation)
     _check_per_sequence(out, ref, qo, torch.bfloat16)
-    args = (q, k, v, qo, ko, *hd, 1e-5, 1.0, ACTIVATIONS.index(activation))
+    args = (q, k, v, qo, ko, 37, *hd, 1e-5, 1.0, ACTIVATIONS.index(activation))
     candidate = flash_norm_attention_per_head_kernel.bind(args)
     candidate.set_config(helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2))
     _check_per_sequence(candidate(*args), ref, qo, torch.bfloat16)
@@ -242,7 +242,7 @@ def test_each_activation_is_the_named_one(device):
     q, k, v, qo, ko = _inputs(torch.float32, device, 13)
     outs = {}
     for index, name in enumerate(ACTIVATIONS):
-        outs[name] = gdpa_kernel(q, k, v, qo, ko, 1.0, index)
+        outs[name] = gdpa_kernel(q, k, v, qo, ko, 37, 1.0, index)
         ref = gdpa_reference(q.double(), k.double(), v.double(), qo, ko, 1.0, name)
         torch.testing.assert_close(outs[name].double(), ref, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(outs["gelu"], outs["fast_gelu"], rtol=0, atol=1e-5)

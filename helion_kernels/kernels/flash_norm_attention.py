@@ -58,6 +58,7 @@ def flash_norm_attention_kernel(
     v: torch.Tensor,
     q_offsets: torch.Tensor,
     kv_offsets: torch.Tensor,
+    max_seq_len_q: int,
     ln_weight: torch.Tensor | None,
     ln_bias: torch.Tensor | None,
     rms_weight: torch.Tensor | None,
@@ -74,14 +75,18 @@ def flash_norm_attention_kernel(
     width = num_heads * head_dim
     # At most 128 rows: a KV sequence takes 1 to 8 tiles (the wrapper refuses longer ones).
     block_kv = hl.register_block_size(16, MAX_SEQ_LEN_KV)
+    block_q = hl.register_block_size(16, 64)
     batch = q_offsets.size(0) - 1
     out = torch.empty_like(q)
-    for seq in hl.grid(batch):
-        q_start = q_offsets[seq]
+    # One program per (Q tile, sequence), Q tiles fastest: a sequence's programs run together
+    # and share its K/V in L2. The inner tile loop runs once (a masked partial tile at the end
+    # of a sequence) or not at all (past its end).
+    for q_block, seq in hl.grid([(max_seq_len_q + block_q - 1) // block_q, batch]):
         q_end = q_offsets[seq + 1]
+        begin = q_offsets[seq] + q_block * block_q
         kv_start = kv_offsets[seq]
         kv_end = kv_offsets[seq + 1]
-        for tile_q in hl.tile(q_start, q_end):
+        for tile_q in hl.tile(begin, torch.minimum(begin + block_q, q_end), block_size=block_q):
             x = q[tile_q, :, :].to(torch.float32)  # [tq, H, D]
             mean = torch.sum(torch.sum(x, dim=2), dim=1) / width
             centred = x - mean[:, None, None]
@@ -116,6 +121,7 @@ def flash_norm_attention_per_head_kernel(
     v: torch.Tensor,
     q_offsets: torch.Tensor,
     kv_offsets: torch.Tensor,
+    max_seq_len_q: int,
     ln_weight: torch.Tensor | None,
     ln_bias: torch.Tensor | None,
     rms_weight: torch.Tensor | None,
@@ -138,26 +144,30 @@ def flash_norm_attention_per_head_kernel(
     act = hl.specialize(activation)
     width = num_heads * head_dim
     block_kv = hl.register_block_size(16, MAX_SEQ_LEN_KV)
+    block_q = hl.register_block_size(16, 128)
     batch = q_offsets.size(0) - 1
     out = torch.empty_like(q)
-    for seq in hl.grid(batch):
-        q_start = q_offsets[seq]
+    for q_block, seq in hl.grid([(max_seq_len_q + block_q - 1) // block_q, batch]):
         q_end = q_offsets[seq + 1]
+        begin = q_offsets[seq] + q_block * block_q
         kv_start = kv_offsets[seq]
         kv_end = kv_offsets[seq + 1]
-        for tile_q in hl.tile(q_start, q_end):
+        for tile_q in hl.tile(begin, torch.minimum(begin + block_q, q_end), block_size=block_q):
             row_sum = hl.zeros([tile_q], dtype=torch.float32)
             for h in hl.grid(num_heads):
-                row_sum = row_sum + torch.sum(q[tile_q, h, :].to(torch.float32), dim=1)
+                x = q[tile_q, h, :].to(torch.float32)
+                row_sum = row_sum + torch.sum(x, dim=1)
             mean = row_sum / width
             row_m2 = hl.zeros([tile_q], dtype=torch.float32)
             for h in hl.grid(num_heads):
-                d = q[tile_q, h, :].to(torch.float32) - mean[:, None]
+                x = q[tile_q, h, :].to(torch.float32)
+                d = x - mean[:, None]
                 row_m2 = row_m2 + torch.sum(d * d, dim=1)
             rstd = torch.rsqrt(row_m2 / width + eps)
             sum_sq = hl.zeros([tile_q], dtype=torch.float32)
             for h in hl.grid(num_heads):
-                ln = (q[tile_q, h, :].to(torch.float32) - mean[:, None]) * rstd[:, None]
+                x = q[tile_q, h, :].to(torch.float32)
+                ln = (x - mean[:, None]) * rstd[:, None]
                 if ln_weight is not None:
                     ln = ln * ln_weight[h, :].to(torch.float32)[None, :]
                 if ln_bias is not None:
@@ -171,7 +181,8 @@ def flash_norm_attention_per_head_kernel(
                 sum_sq = sum_sq + torch.sum(o * o, dim=1)
             rstd_o = torch.rsqrt(sum_sq / width + eps)
             for h in hl.grid(num_heads):
-                ln = (q[tile_q, h, :].to(torch.float32) - mean[:, None]) * rstd[:, None]
+                x = q[tile_q, h, :].to(torch.float32)
+                ln = (x - mean[:, None]) * rstd[:, None]
                 if ln_weight is not None:
                     ln = ln * ln_weight[h, :].to(torch.float32)[None, :]
                 if ln_bias is not None:
@@ -184,7 +195,7 @@ def flash_norm_attention_per_head_kernel(
                 y = (acc + ln) * rstd_o[:, None]
                 if rms_weight is not None:
                     y = y * rms_weight[h, :].to(torch.float32)[None, :]
-                out[tile_q, h, :] = (y + q[tile_q, h, :].to(torch.float32)).to(out.dtype)
+                out[tile_q, h, :] = (y + x).to(out.dtype)
     return out
 
 

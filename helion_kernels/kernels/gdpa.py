@@ -9,8 +9,9 @@ and ``k``, ``v`` [total_kv, H, D]. This is the unfused building block of techniq
 (:mod:`.flash_norm_attention` adds the norms and residuals around it) and the attention of
 its baseline.
 
-One program per (sequence, head) walks the sequence's Q tiles; for each, a loop over the
-sequence's KV tiles accumulates ``act(s) @ v`` in fp32. Padded rows and columns of a tile
+One program per (Q tile, head, sequence), up to ``max_seq_len_q`` rows per sequence (the
+caller's bound, as in other jagged attention kernels); a loop over the sequence's KV tiles
+accumulates ``act(s) @ v`` in fp32. Padded rows and columns of a tile
 are masked out of the product, so any activation is safe there.
 """
 
@@ -48,24 +49,30 @@ def gdpa_kernel(
     v: torch.Tensor,
     q_offsets: torch.Tensor,
     kv_offsets: torch.Tensor,
+    max_seq_len_q: int,
     qk_scale: float,
     activation: int,
 ) -> torch.Tensor:
     """``out`` [total_q, H, D] in ``q.dtype``; ``activation`` indexes :data:`ACTIVATIONS`.
 
-    Config ``block_sizes`` = [tile_q, tile_kv].
+    Config ``block_sizes`` = [tile_q, tile_kv]. Rows past ``max_seq_len_q`` in a sequence
+    are not computed: the caller guarantees the bound.
     """
     num_heads = hl.specialize(q.size(1))
     head_dim = hl.specialize(q.size(2))
     act = hl.specialize(activation)
+    block_q = hl.register_block_size(16, 256)
     batch = q_offsets.size(0) - 1
     out = torch.empty_like(q)
-    for seq, head in hl.grid([batch, num_heads]):
-        q_start = q_offsets[seq]
+    # One program per (Q tile, head, sequence), Q tiles fastest so that the programs of one
+    # (sequence, head) run together and share its K/V in L2. The inner tile loop runs once
+    # (a masked partial tile at the end of a sequence) or not at all (past its end).
+    for q_block, head, seq in hl.grid([(max_seq_len_q + block_q - 1) // block_q, num_heads, batch]):
         q_end = q_offsets[seq + 1]
+        begin = q_offsets[seq] + q_block * block_q
         kv_start = kv_offsets[seq]
         kv_end = kv_offsets[seq + 1]
-        for tile_q in hl.tile(q_start, q_end):
+        for tile_q in hl.tile(begin, torch.minimum(begin + block_q, q_end), block_size=block_q):
             q_tile = q[tile_q, head, :]
             acc = hl.zeros([tile_q, head_dim], dtype=torch.float32)
             for tile_kv in hl.tile(kv_start, kv_end):
