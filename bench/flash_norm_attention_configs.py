@@ -2,8 +2,8 @@
 
 Why: with short autotuning budgets Helion's search never got past compiling its seeds, so
 the registry holds the default config; this sweep shows what the seeds themselves reach,
-next to this package's unfused GDPA kernel with eager norms, and the per-head candidate
-kernel (``flash_norm_attention_per_head_kernel``) with its own seeds.
+next to this package's unfused GDPA kernel with eager norms: the shipped per-head kernel
+(``flash_norm_attention_kernel``) and the all-heads alternative, each with its seeds.
 
     python bench/flash_norm_attention_configs.py --heads 8 --max-seq-len-q 3000
 
@@ -45,8 +45,9 @@ def main() -> int:
     kargs = make_args(row, torch.bfloat16, device, 0)
     ref = reference(*kargs)
     rows = []
-    fused = [(fna.flash_norm_attention_kernel, cfg) for cfg in (fna.DEFAULT_CONFIG, *fna.SEED_CONFIGS)]
-    fused += [(fna.flash_norm_attention_per_head_kernel, cfg) for cfg in fna.PER_HEAD_SEED_CONFIGS]
+    fused = [(fna.flash_norm_attention_kernel, cfg) for cfg in fna.SEED_CONFIGS]
+    fused += [(fna.flash_norm_attention_all_heads_kernel, cfg)
+              for cfg in (fna.ALL_HEADS_DEFAULT_CONFIG, *fna.ALL_HEADS_SEED_CONFIGS[1:])]
     for kernel, cfg in fused:
         out = {"kernel": kernel.name, "config": repr(cfg.config)}
         try:

@@ -14,8 +14,8 @@ from helion_kernels import flash_norm_attention, gdpa, ops
 from helion_kernels.registry import ConfigFallbackWarning
 from helion_kernels.kernels.flash_norm_attention import (
     MAX_SEQ_LEN_KV,
+    flash_norm_attention_all_heads_kernel,
     flash_norm_attention_kernel,
-    flash_norm_attention_per_head_kernel,
     flash_norm_attention_reference,
 )
 from helion_kernels.kernels.gdpa import (
@@ -86,12 +86,12 @@ def test_flash_norm_attention_matches_fp64(heads, dim, affine, activation, dtype
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 @pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
-def test_per_head_candidate_matches_fp64(affine, activation, dtype, device):
-    """The per-head candidate kernel (not yet behind the public function)."""
+def test_all_heads_kernel_matches_fp64(affine, activation, dtype, device):
+    """The all-heads alternative (the public function runs the per-head kernel)."""
     q, k, v, qo, ko = _inputs(dtype, device, 2, 3, 64)
     params = [None if p is None else p.view(3, 64) for p in
               (_affine(3, 64, dtype, device, 3) if affine else (None, None, None))]
-    out = flash_norm_attention_per_head_kernel(q, k, v, qo, ko, 37, *params, 1e-5, 0.5,
+    out = flash_norm_attention_all_heads_kernel(q, k, v, qo, ko, 37, *params, 1e-5, 0.5,
                                                ACTIVATIONS.index(activation))
     ref = flash_norm_attention_reference(q.double(), k.double(), v.double(), qo, ko,
                                          *[None if p is None else p.double() for p in params],
@@ -177,11 +177,18 @@ def test_generated_code_for_kv_tiles_up_to_the_limit():
 
     q, k, v, qo, ko = _inputs(torch.float16, "cpu", 10, heads=2, dim=128)
     w = torch.ones(2, 128, dtype=torch.float16)
-    bound = flash_norm_attention_kernel.bind((q, k, v, qo, ko, 37, w, w, w, 1e-5, 1.0, 0))
-    for cfg in (helion.Config(block_sizes=[16, 32], num_warps=4),
-                helion.Config(block_sizes=[MAX_SEQ_LEN_KV, 16], num_warps=8, num_stages=2)):
-        code = bound.to_triton_code(cfg)
-        assert f"tl.constexpr({cfg.block_sizes[0]})" in code and "tl.dot" in code
+    args = (q, k, v, qo, ko, 37, w, w, w, 1e-5, 1.0, 0)
+    for kernel in (flash_norm_attention_all_heads_kernel, flash_norm_attention_kernel):
+        bound = kernel.bind(args)
+        for cfg in (helion.Config(block_sizes=[16, 32], num_warps=4),
+                    helion.Config(block_sizes=[MAX_SEQ_LEN_KV, 16], num_warps=8, num_stages=2)):
+            code = bound.to_triton_code(cfg)
+            assert f"tl.constexpr({cfg.block_sizes[0]})" in code and "tl.dot" in code
+    # The per-head kernel re-reads the un-normalised o_h it wrote to `out`, possibly from
+    # other threads of the block: Helion must separate the two loops by a block barrier.
+    code = flash_norm_attention_kernel.bind(args).to_triton_code(helion.Config(block_sizes=[16, 32]))
+    body = code[code.index("sum_sq ="):]
+    assert body.index("tl.store(out") < body.index("tl.debug_barrier()") < body.index("tl.load(out")
     assert "tl.dot" in gdpa_kernel.bind((q, k, v, qo, ko, 37, 1.0, 2)).to_triton_code(
         helion.Config(block_sizes=[32, 32]))
 
@@ -207,7 +214,7 @@ def test_generated_code_under_the_interpreter(heads, activation):
     args = (q, k, v, qo, ko, 33, w, b, r, 1e-5, 0.7, index)
     ref = flash_norm_attention_reference(q.double(), k.double(), v.double(), qo, ko, w.double(),
                                          b.double(), r.double(), 1e-5, 0.7, activation)
-    for kernel in (flash_norm_attention_kernel, flash_norm_attention_per_head_kernel):
+    for kernel in (flash_norm_attention_all_heads_kernel, flash_norm_attention_kernel):
         bound = kernel.bind(args)
         bound.set_config(helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1))
         _check_per_sequence(bound(*args), ref, qo, dtype)
@@ -230,9 +237,9 @@ def test_cuda_both_kernels(activation, registry_dir):
     ref = flash_norm_attention_reference(q, k, v, qo, ko, *hd, 1e-5, 1.0, activation)
     _check_per_sequence(out, ref, qo, torch.bfloat16)
     args = (q, k, v, qo, ko, 37, *hd, 1e-5, 1.0, ACTIVATIONS.index(activation))
-    candidate = flash_norm_attention_per_head_kernel.bind(args)
-    candidate.set_config(helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2))
-    _check_per_sequence(candidate(*args), ref, qo, torch.bfloat16)
+    other = flash_norm_attention_all_heads_kernel.bind(args)
+    other.set_config(helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1))
+    _check_per_sequence(other(*args), ref, qo, torch.bfloat16)
 
 
 @pytest.mark.ref_mode

@@ -11,18 +11,27 @@ GEMM and Attention Kernels" (Meta, July 2026). For jagged sequences (offsets as 
 
 Unfused, that is a LayerNorm pass, the attention, a residual add, an RMSNorm pass and a
 second residual add, each a round trip of [total_q, H, D] through memory. Here one program
-owns a tile of Q rows of one sequence **for all heads**, so both norms over H*D are
-reductions over a register tile: ``q`` is read once and ``out`` written once.
+owns a tile of Q rows of one sequence for all heads, so both norms over H*D stay inside the
+program: ``q`` is read from memory once and ``out`` written once (plus a re-read of the
+program's own fresh writes from L1/L2). Programs run per (Q tile, sequence), up to
+``max_seq_len_q`` rows per sequence: the caller guarantees that bound.
+
+Two kernels, same contract and config layout ``block_sizes = [tile_kv, tile_q]``:
+
+* :func:`flash_norm_attention_kernel` (the one :func:`helion_kernels.flash_norm_attention`
+  runs) walks the heads with 2-D dots, writes each head's un-normalised ``o_h`` and, once the
+  RMSNorm statistic over all heads is known, re-reads and rescales it;
+* :func:`flash_norm_attention_all_heads_kernel` holds the [tile_q, H*D] tile in registers and
+  runs batched 3-D dots over all heads, which needs 16-row Q tiles at H*D = 1024 and measured
+  slower on the H200 (``bench/results/nvidia_h200_sm90/flash_norm_attention_configs_*.md``).
 
 The sequence's K and V (at most :data:`MAX_SEQ_LEN_KV` = 128 rows, the regime of the
 technique and the hard limit declared here) are walked in KV tiles of a registered block
-size between 16 and 128 rows. Holding a whole 128-row sequence at once, for all heads, does
-not fit in one block's shared memory once H*D >= 512 (K and V tiles of 128 x H*D bf16 are
-128 KiB each at H*D = 512: the first H200 run of a fixed 128-row tile needed 278528 bytes
-against 232448), so the autotuner picks the KV tile; for H*D <= 256 a single 128-row tile
-fits and K/V are read once per Q tile. Either way they come from L2 after the first Q tile
-of a sequence. Longer KV sequences are refused before launch (the unfused
-:func:`~helion_kernels.gdpa` has no such limit).
+size between 16 and 128 rows; the programs of one sequence run next to each other, so K/V
+come from L2 after the first. (Holding a whole 128-row sequence for all heads does not fit in
+one block's shared memory once H*D >= 512: the first H200 run of the all-heads kernel with a
+fixed 128-row tile needed 278528 bytes against 232448.) Longer KV sequences are refused
+before launch (the unfused :func:`~helion_kernels.gdpa` has no such limit).
 """
 
 from __future__ import annotations
@@ -39,11 +48,12 @@ MAX_SEQ_LEN_KV = 128
 __all__ = [
     "ACTIVATIONS",
     "MAX_SEQ_LEN_KV",
+    "ALL_HEADS_DEFAULT_CONFIG",
+    "ALL_HEADS_SEED_CONFIGS",
     "DEFAULT_CONFIG",
-    "PER_HEAD_SEED_CONFIGS",
     "SEED_CONFIGS",
+    "flash_norm_attention_all_heads_kernel",
     "flash_norm_attention_kernel",
-    "flash_norm_attention_per_head_kernel",
     "flash_norm_attention_reference",
     "norm_block",
     "unfused_block",
@@ -52,7 +62,7 @@ __all__ = [
 
 # Dynamic totals, H and D specialised (see gdpa_kernel); configs are keyed by (H, D, dtype).
 @helion.kernel(static_shapes=False)
-def flash_norm_attention_kernel(
+def flash_norm_attention_all_heads_kernel(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -66,9 +76,10 @@ def flash_norm_attention_kernel(
     qk_scale: float,
     activation: int,
 ) -> torch.Tensor:
-    """``out`` [total_q, H, D] in ``q.dtype``. Affine parameters are [H, D] (or None);
-    ``activation`` indexes :data:`ACTIVATIONS`. Config ``block_sizes`` = [tile_kv (16 to
-    128), tile_q]."""
+    """Same contract as :func:`flash_norm_attention_kernel`, all heads at once: the
+    [tile_q, H, D] tile is held in registers and both GEMMs are batched 3-D dots over H.
+    Measured slower than the per-head kernel; kept as the alternative the config sweep
+    times. Config ``block_sizes`` = [tile_kv (16 to 128), tile_q (16 to 64)]."""
     num_heads = hl.specialize(q.size(1))
     head_dim = hl.specialize(q.size(2))
     act = hl.specialize(activation)
@@ -111,11 +122,8 @@ def flash_norm_attention_kernel(
     return out
 
 
-# Candidate design, not yet measured on a GPU (bench/NOTES.md): the H200 run of the kernel
-# above found it 1.35-2.0x slower than `gdpa` + eager norms, because it keeps a
-# [tile_q, H*D] tile and runs batched 3-D dots over all heads with 16-row tiles.
 @helion.kernel(static_shapes=False)
-def flash_norm_attention_per_head_kernel(
+def flash_norm_attention_kernel(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -129,15 +137,20 @@ def flash_norm_attention_per_head_kernel(
     qk_scale: float,
     activation: int,
 ) -> torch.Tensor:
-    """Same contract as :func:`flash_norm_attention_kernel`, one head at a time.
+    """``out`` [total_q, H, D] in ``q.dtype``, one head at a time with 2-D dots. Affine
+    parameters are [H, D] (or None); ``activation`` indexes :data:`ACTIVATIONS`; rows past
+    ``max_seq_len_q`` in a sequence are not computed.
 
-    Per Q tile: two loops over heads for the LayerNorm statistics over H*D; a third computes
-    each head's ``o_h = act(ln_h k_h^T) v_h + ln_h`` with 2-D dots and sums ``o_h**2`` over
-    heads; a fourth recomputes ``o_h`` and writes ``o_h * rstd * w_h + q_h``. Recomputing the
-    attention (cheap: its FLOP floor is below the byte floor at KV = 128) means no
-    [tile_q, H*D] tile is held and nothing is written and read back inside a program. The
-    two attention loops repeat each other: Helion 1.5 cannot inline a helper that indexes.
-    Config ``block_sizes`` = [tile_kv (16 to 128), tile_q].
+    Per Q tile: two loops over heads for the LayerNorm statistics over H*D (``q`` is
+    re-read from L1/L2); a third computes each head's ``o_h = act(ln_h k_h^T) v_h + ln_h``,
+    adds ``sum(o_h**2)`` to the row's RMSNorm statistic and writes ``o_h`` to ``out``
+    un-normalised; a fourth loop re-reads each ``o_h`` (still in L1/L2: the program wrote it
+    a moment ago) and writes ``o_h * rstd * w_h + q_h``. Helion puts a block-wide barrier
+    (``tl.debug_barrier()``) between the write and the re-read of ``out``, which may map
+    elements to other threads; a test checks that it is in the generated code. So no
+    [tile_q, H*D] tile is held, the attention runs once, and ``o`` is rounded to the output
+    dtype once before the RMSNorm scale, as in the unfused block. Config ``block_sizes`` =
+    [tile_kv (16 to 128), tile_q].
     """
     num_heads = hl.specialize(q.size(1))
     head_dim = hl.specialize(q.size(2))
@@ -155,19 +168,16 @@ def flash_norm_attention_per_head_kernel(
         for tile_q in hl.tile(begin, torch.minimum(begin + block_q, q_end), block_size=block_q):
             row_sum = hl.zeros([tile_q], dtype=torch.float32)
             for h in hl.grid(num_heads):
-                x = q[tile_q, h, :].to(torch.float32)
-                row_sum = row_sum + torch.sum(x, dim=1)
+                row_sum = row_sum + torch.sum(q[tile_q, h, :].to(torch.float32), dim=1)
             mean = row_sum / width
             row_m2 = hl.zeros([tile_q], dtype=torch.float32)
             for h in hl.grid(num_heads):
-                x = q[tile_q, h, :].to(torch.float32)
-                d = x - mean[:, None]
+                d = q[tile_q, h, :].to(torch.float32) - mean[:, None]
                 row_m2 = row_m2 + torch.sum(d * d, dim=1)
             rstd = torch.rsqrt(row_m2 / width + eps)
             sum_sq = hl.zeros([tile_q], dtype=torch.float32)
             for h in hl.grid(num_heads):
-                x = q[tile_q, h, :].to(torch.float32)
-                ln = (x - mean[:, None]) * rstd[:, None]
+                ln = (q[tile_q, h, :].to(torch.float32) - mean[:, None]) * rstd[:, None]
                 if ln_weight is not None:
                     ln = ln * ln_weight[h, :].to(torch.float32)[None, :]
                 if ln_bias is not None:
@@ -177,43 +187,35 @@ def flash_norm_attention_per_head_kernel(
                 for tile_kv in hl.tile(kv_start, kv_end, block_size=block_kv):
                     p = apply_activation(torch.matmul(ln_q, k[tile_kv, h, :].T) * qk_scale, act)
                     acc = torch.addmm(acc, p.to(v.dtype), v[tile_kv, h, :])
-                o = acc + ln
-                sum_sq = sum_sq + torch.sum(o * o, dim=1)
+                o = (acc + ln).to(out.dtype)
+                o32 = o.to(torch.float32)
+                sum_sq = sum_sq + torch.sum(o32 * o32, dim=1)
+                out[tile_q, h, :] = o
             rstd_o = torch.rsqrt(sum_sq / width + eps)
             for h in hl.grid(num_heads):
-                x = q[tile_q, h, :].to(torch.float32)
-                ln = (x - mean[:, None]) * rstd[:, None]
-                if ln_weight is not None:
-                    ln = ln * ln_weight[h, :].to(torch.float32)[None, :]
-                if ln_bias is not None:
-                    ln = ln + ln_bias[h, :].to(torch.float32)[None, :]
-                ln_q = ln.to(q.dtype)
-                acc = hl.zeros([tile_q, head_dim], dtype=torch.float32)
-                for tile_kv in hl.tile(kv_start, kv_end, block_size=block_kv):
-                    p = apply_activation(torch.matmul(ln_q, k[tile_kv, h, :].T) * qk_scale, act)
-                    acc = torch.addmm(acc, p.to(v.dtype), v[tile_kv, h, :])
-                y = (acc + ln) * rstd_o[:, None]
+                y = out[tile_q, h, :].to(torch.float32) * rstd_o[:, None]
                 if rms_weight is not None:
                     y = y * rms_weight[h, :].to(torch.float32)[None, :]
-                out[tile_q, h, :] = (y + x).to(out.dtype)
+                out[tile_q, h, :] = (y + q[tile_q, h, :].to(torch.float32)).to(out.dtype)
     return out
 
 
-# block_sizes = [tile_kv, tile_q]. The program holds [tile_q, H*D] fp32 tiles in registers
-# and [tile_kv, H*D] K and V tiles in shared memory, so both shrink as H*D grows. The default
-# needs 2 x 16 x H*D x 2 bytes of K/V per stage: 64 KiB at H*D = 1024.
-DEFAULT_CONFIG = helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1)
+# block_sizes = [tile_kv, tile_q] for both kernels.
+# The shipped per-head kernel works on [tile_q, D] and [tile_kv, D] tiles, as the GDPA kernel.
+DEFAULT_CONFIG = helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2)
 SEED_CONFIGS = tuple(
+    helion.Config(block_sizes=[kv, tq], num_warps=w, num_stages=st)
+    for kv, tq, w, st in ((64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3),
+                          (64, 64, 8, 2), (128, 64, 4, 2), (64, 128, 8, 2), (128, 128, 8, 2))
+)
+# The all-heads kernel holds [tile_q, H*D] fp32 tiles in registers and [tile_kv, H*D] K and V
+# tiles in shared memory, so both shrink as H*D grows. Its default needs 2 x 16 x H*D x 2
+# bytes of K/V per stage: 64 KiB at H*D = 1024.
+ALL_HEADS_DEFAULT_CONFIG = helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1)
+ALL_HEADS_SEED_CONFIGS = tuple(
     helion.Config(block_sizes=[kv, tq], num_warps=w, num_stages=st)
     for kv, tq, w, st in ((16, 16, 4, 1), (32, 16, 4, 2), (32, 16, 8, 1), (64, 16, 8, 1),
                           (32, 32, 8, 1), (64, 32, 8, 2), (128, 16, 8, 1), (128, 32, 8, 2))
-)
-
-
-# Seeds of the per-head candidate: 2-D tiles as in the GDPA kernel.
-PER_HEAD_SEED_CONFIGS = tuple(
-    helion.Config(block_sizes=[kv, tq], num_warps=w, num_stages=st)
-    for kv, tq, w, st in ((64, 64, 4, 2), (128, 64, 4, 2), (64, 128, 8, 2), (128, 128, 8, 2))
 )
 
 
