@@ -649,12 +649,14 @@ def gdpa(
             ``q_offsets[i]:q_offsets[i + 1]``.
         k, v: [total_kv, H, D], same dtype and device, delimited by ``kv_offsets``.
         q_offsets, kv_offsets: int64 [B + 1], from 0 to total_q / total_kv, non-decreasing.
-        max_seq_len_q, max_seq_len_kv: upper bounds of the sequence lengths.
+        max_seq_len_q, max_seq_len_kv: upper bounds of the sequence lengths; the kernel
+            launches programs for ``max_seq_len_q`` rows per sequence.
         activation: "fast_gelu" (GELU, tanh approximation), "gelu", "silu" or "relu".
         qk_scale: multiplies the scores before the activation.
         validate: check the offsets' values (one device-to-host copy). False skips that, and
             then offsets that are not 0..total and non-decreasing are undefined behaviour
-            (out-of-bounds reads and writes on a GPU).
+            (out-of-bounds reads and writes on a GPU), and rows of a sequence longer than
+            ``max_seq_len_q`` are left uninitialised.
 
     Returns:
         [total_q, H, D] in the input dtype (fp32 accumulation; the activation's output is
@@ -697,7 +699,8 @@ def flash_norm_attention(
 
     Technique 4 of the PyTorch blog "Towards Free Normalization" (Meta, 2026); see
     :mod:`helion_kernels.kernels.flash_norm_attention`. One program owns a tile of Q rows of
-    one sequence for all heads and walks the sequence's K/V (at most 128 rows) in KV tiles. The
+    one sequence for all heads, walks the heads with 2-D dots and the sequence's K/V (at
+    most 128 rows) in KV tiles, and rescales its own un-normalised writes for the RMSNorm. The
     config comes from the registry, keyed by (H, D, dtype) (``helion-kernels autotune
     --kernel flash_norm_attention``); untuned (H, D) take the nearest tuned one, and a GPU
     without entries the conservative default, with a ``ConfigFallbackWarning``.
