@@ -12,8 +12,8 @@ GEMM and Attention Kernels" (Meta, July 2026). For jagged sequences (offsets as 
 Unfused, that is a LayerNorm pass, the attention, a residual add, an RMSNorm pass and a
 second residual add, each a round trip of [total_q, H, D] through memory. Here one program
 owns a tile of Q rows of one sequence for all heads, so both norms over H*D stay inside the
-program: ``q`` is read from memory once and ``out`` written once (plus a re-read of the
-program's own fresh writes from L1/L2). Programs run per (Q tile, sequence), up to
+program: ``q`` is read from memory once and ``out`` written once (plus re-reads of ``q`` and
+of the program's own fresh writes from L1/L2). Programs run per (Q tile, sequence), up to
 ``max_seq_len_q`` rows per sequence: the caller guarantees that bound.
 
 Two kernels, same contract and config layout ``block_sizes = [tile_kv, tile_q]``:
@@ -22,7 +22,7 @@ Two kernels, same contract and config layout ``block_sizes = [tile_kv, tile_q]``
   runs) walks the heads with 2-D dots, writes each head's un-normalised ``o_h`` and, once the
   RMSNorm statistic over all heads is known, re-reads and rescales it;
 * :func:`flash_norm_attention_all_heads_kernel` holds the [tile_q, H*D] tile in registers and
-  runs batched 3-D dots over all heads, which needs 16-row Q tiles at H*D = 1024 and measured
+  runs batched 3-D dots over all heads, which limits Q tiles to 16-32 rows at H*D = 1024 and measured
   slower on the H200 (``bench/results/nvidia_h200_sm90/flash_norm_attention_configs_*.md``).
 
 The sequence's K and V (at most :data:`MAX_SEQ_LEN_KV` = 128 rows, the regime of the
@@ -149,8 +149,8 @@ def flash_norm_attention_kernel(
     (``tl.debug_barrier()``) between the write and the re-read of ``out``, which may map
     elements to other threads; a test checks that it is in the generated code. So no
     [tile_q, H*D] tile is held, the attention runs once, and ``o`` is rounded to the output
-    dtype once before the RMSNorm scale, as in the unfused block. Config ``block_sizes`` =
-    [tile_kv (16 to 128), tile_q].
+    dtype once before the RMSNorm scale (the unfused block also rounds the attention output
+    and ln_q first). Config ``block_sizes`` = [tile_kv (16 to 128), tile_q (16 to 128)].
     """
     num_heads = hl.specialize(q.size(1))
     head_dim = hl.specialize(q.size(2))
@@ -201,7 +201,8 @@ def flash_norm_attention_kernel(
 
 
 # block_sizes = [tile_kv, tile_q] for both kernels.
-# The shipped per-head kernel works on [tile_q, D] and [tile_kv, D] tiles, as the GDPA kernel.
+# The shipped per-head kernel works on [tile_q, D] and [tile_kv, D] tiles, as the GDPA kernel
+# (whose block_sizes order is the reverse, [tile_q, tile_kv]).
 DEFAULT_CONFIG = helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2)
 SEED_CONFIGS = tuple(
     helion.Config(block_sizes=[kv, tq], num_warps=w, num_stages=st)
@@ -245,8 +246,6 @@ def flash_norm_attention_reference(
     o = gdpa_reference(ln, k.to(dt), v.to(dt), q_offsets, kv_offsets, qk_scale, activation) + ln
     y = F.rms_norm(o.reshape(total, -1), (heads * dim,), flat(rms_weight), eps)
     return y.reshape(total, heads, dim) + q32
-
-
 
 
 def unfused_block(

@@ -7,7 +7,7 @@ running max or denominator, only two GEMMs per (Q tile, KV tile). Sequences are 
 ``q_offsets`` / ``kv_offsets`` [B + 1] delimit each sequence's rows in ``q`` [total_q, H, D]
 and ``k``, ``v`` [total_kv, H, D]. This is the unfused building block of technique 4
 (:mod:`.flash_norm_attention` adds the norms and residuals around it) and the attention of
-its baseline.
+its "gdpa + eager norms" baseline.
 
 One program per (Q tile, head, sequence), up to ``max_seq_len_q`` rows per sequence (the
 caller's bound, as in other jagged attention kernels); a loop over the sequence's KV tiles
