@@ -5,6 +5,7 @@ Public API::
     from helion_kernels import rmsnorm_matmul, matmul, fold_rmsnorm_weight
     from helion_kernels import matmul_layernorm, matmul_rmsnorm
     from helion_kernels import matmul_layernorm_split_n, matmul_rmsnorm_split_n  # large N
+    from helion_kernels import matmul_rmsnorm_matmul  # rms_norm(a @ b) @ c, norm deferred
     from helion_kernels import gdpa, flash_norm_attention  # jagged attention
 
 Each kernel reads its tuned config from the committed registry under ``configs/``; see the
@@ -19,6 +20,7 @@ from .ops import (
     matmul_layernorm,
     matmul_layernorm_split_n,
     matmul_rmsnorm,
+    matmul_rmsnorm_matmul,
     matmul_rmsnorm_split_n,
     rmsnorm_matmul,
 )
@@ -31,6 +33,7 @@ __all__ = [
     "matmul_layernorm",
     "matmul_layernorm_split_n",
     "matmul_rmsnorm",
+    "matmul_rmsnorm_matmul",
     "matmul_rmsnorm_split_n",
     "rmsnorm_matmul",
 ]

@@ -23,10 +23,11 @@ from . import registry
 from .kernels import matmul as _matmul
 from .kernels import postnorm_full_row as _postnorm
 from .kernels import postnorm_split_n as _split_n
+from .kernels import postnorm_deferred as _deferred
 from .kernels import flash_norm_attention as _fna
 from .kernels import gdpa as _gdpa
 from .kernels import rmsnorm_matmul as _rmsnorm_matmul
-from .kernels.spec import AttentionShape, KernelSpec
+from .kernels.spec import AttentionShape, KernelSpec, Shape
 from .kernels.rmsnorm_matmul import fold_rmsnorm_weight
 
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -520,9 +521,9 @@ def matmul_rmsnorm_split_n(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``rms_norm(a @ b, (N,), weight, eps)`` for any N, the row split over programs.
 
-    The RMSNorm twin of :func:`matmul_layernorm_split_n` (same technique, same caveats: not
-    yet tuned or measured; with fp16 inputs a product past 65504 overflows between the
-    phases). Args, returns and errors: as :func:`matmul_rmsnorm`, without
+    The RMSNorm twin of :func:`matmul_layernorm_split_n` (same technique, same caveats:
+    slower than cuBLAS + a standalone norm on the H200; with fp16 inputs a product past 65504
+    overflows between the phases). Args, returns and errors: as :func:`matmul_rmsnorm`, without
     ``fused`` and without an N limit.
     """
     op = "matmul_rmsnorm_split_n"
@@ -536,6 +537,85 @@ def matmul_rmsnorm_split_n(
         return (y, rstd) if return_rstd else y
     y, rstd = run(_split_n.SPEC_RMSNORM, (*_as_operands(a, b, weight), float(eps)))
     return (y, rstd) if return_rstd else y
+
+
+def _fixed_config_call(kernel, args: tuple, config: helion.Config):
+    """Run ``kernel`` with ``config``, compiled once per specialisation (eagerly in
+    Helion's reference mode, where configs do not apply)."""
+    if is_ref_mode_enabled(kernel.settings):
+        return _reference_mode_call(kernel, args)
+    key = (kernel.name, kernel.specialization_key(args), repr(config))
+    bound = _JAGGED_BOUND.get(key)
+    if bound is None:
+        bound = _JAGGED_BOUND[key] = kernel.bind(args)
+        bound.set_config(config)
+    return bound(*args)
+
+
+def matmul_rmsnorm_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """``rms_norm(a @ b, (N,), weight, eps) @ c`` without normalising ``a @ b`` (any N).
+
+    Split-N candidate 3 (deferred post-norm) of technique 3 of the PyTorch blog "Towards
+    Free Normalization" (Meta, 2026), see :mod:`helion_kernels.kernels.postnorm_deferred`:
+    the first GEMM writes ``x = a @ b`` and per-row partial sums of squares; the second runs
+    on ``x`` and ``w[:, None] * c`` and scales its accumulator by ``rstd``. For the Linear ->
+    RMSNorm -> Linear pattern when nothing else reads the normalised activations. Not yet
+    measured on a GPU. The first GEMM's tiling comes from the ``matmul_rmsnorm_split_n``
+    registry entry of (M, K, N), the second's from the ``matmul`` entry of (M, N, N2), each
+    falling back (with a warning) to the nearest or a default config.
+
+    Args:
+        a: [M, K], bf16, fp16 or fp32, on a CUDA device.
+        b: [K, N] and c: [N, N2], same dtype and device. N is the normalised dimension.
+        weight: optional RMSNorm affine weight [N], folded into ``c`` on every call (fold it
+            once with :func:`fold_rmsnorm_weight` and pass ``weight=None`` to reuse it).
+        eps: added to the mean square, >= 0.
+
+    Returns:
+        [M, N2] in the input dtype. ``x`` is stored in the input dtype between the GEMMs (as
+        by cuBLAS + a standalone norm); statistics and accumulation are fp32.
+
+    Raises:
+        TypeError, ValueError: as :func:`matmul_rmsnorm`, and for ``c`` not [N, N2] in the
+            same dtype and device, or N = 0. NotImplementedError: an input requires grad.
+    """
+    op = "matmul_rmsnorm_matmul"
+    _check_gemm_operands(op, a, b)
+    n = b.shape[1]
+    if not isinstance(c, torch.Tensor):
+        raise TypeError(f"{op}: c must be a torch.Tensor, got {type(c).__name__}")
+    if c.dim() != 2 or c.shape[0] != n:
+        raise ValueError(f"{op}: c must be 2-D [N, N2] with N = {n} (b is {tuple(b.shape)}), "
+                         f"got shape {tuple(c.shape)}")
+    if c.dtype != a.dtype:
+        raise TypeError(f"{op}: c must have the dtype of a and b ({a.dtype}), got {c.dtype}")
+    if n == 0:
+        raise ValueError(f"{op}: N must be at least 1 (the norm is over N), got b of shape {tuple(b.shape)}")
+    _check_device(op, a, c)
+    _check_norm_params(op, a, n, eps, weight=weight)
+    _check_no_grad(op, a, b, c, weight)
+    m, n2 = a.shape[0], c.shape[1]
+    if m == 0 or n2 == 0:
+        return a.new_zeros(m, n2)
+    if weight is not None:
+        c = fold_rmsnorm_weight(weight, c)
+    a, b, c = a.contiguous(), b.contiguous(), c.contiguous()
+    producer = consumer = None
+    if not is_ref_mode_enabled(_deferred.rmsnorm_scaled_matmul_kernel.settings):
+        producer = _split_n._phase1_config(_split_n.SPEC_RMSNORM, (a, b, None, float(eps)))
+        tuned = registry.resolve("matmul", _deferred.CONSUMER_DEFAULT_CONFIG, Shape(m, n, n2),
+                                 a.dtype, registry.gpu_key(a.device)).config
+        consumer = helion.Config(block_sizes=tuned.block_sizes, num_warps=tuned.num_warps,
+                                 num_stages=tuned.num_stages)
+    x, partials = _fixed_config_call(_split_n.matmul_rmsnorm_partials_kernel, (a, b), producer)
+    return _fixed_config_call(_deferred.rmsnorm_scaled_matmul_kernel, (x, c, partials, float(eps)),
+                              consumer)
 
 
 # --- jagged GDPA and FlashNormAttention (technique 4) ---------------------------------------
