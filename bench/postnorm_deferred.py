@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from helion_kernels import fold_rmsnorm_weight, matmul_rmsnorm_matmul
-from helion_kernels.benchmark import finish_plot, run_meta, write_results
+from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, write_results
 from helion_kernels.kernels.postnorm_deferred import matmul_rmsnorm_matmul_reference
 from helion_kernels.kernels.postnorm_full_row import _liger
 from helion_kernels.timing import input_copies, measure_ceilings, time_ms
@@ -100,13 +100,8 @@ def plot(df: pd.DataFrame, meta: dict, path) -> None:
     axes[0].set_ylabel("latency / two cuBLAS GEMMs")
     axes[0].set_title(f"{meta['gpu']}: rms_norm(a @ b) @ c, M = {df.M.iloc[0]}, K x N (lower is better)")
     axes[0].legend(fontsize=8)
-    saved = df[["saved_vs_inductor_pct"]].copy()
-    saved.index = labels
-    saved.plot.bar(ax=axes[1], width=0.6, legend=False)
-    axes[1].axhline(50, color="r", lw=0.8, ls="--", label="aim: 50%")
-    axes[1].axhline(0, color="k", lw=0.8)
-    axes[1].set_ylabel("% of the inductor norm's time saved")
-    axes[1].legend(fontsize=8)
+    aim_bars(axes[1], df["saved_vs_inductor_pct"], labels, 50, "aim: 50%",
+             "% of the inductor norm's time saved", baseline=0)
     finish_plot(fig, axes, path)
 
 

@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from . import ops, registry
-from .benchmark import codegen_status, finish_plot, run_meta
+from .benchmark import aim_bars, codegen_status, finish_plot, run_meta
 from .kernels import flash_norm_attention as fna
 from .kernels.gdpa import ACTIVATIONS, jagged_lengths, random_jagged_inputs
 from .kernels.spec import AttentionShape
@@ -251,13 +251,8 @@ def plot(df: pd.DataFrame, meta: dict, path) -> None:
     axes[0].set_title(f"{meta['gpu']}: FlashNormAttention forward (lower is better)")
     axes[0].legend(fontsize=8, ncol=4, loc="upper left")
     axes[0].set_ylim(0, rel.to_numpy().max() * 1.3)
-    speed = df[["speedup_vs_compiled"]].copy()
-    speed.index = labels
-    speed.plot.bar(ax=axes[1], width=0.6, legend=False)
-    axes[1].axhline(1.35, color="r", lw=0.8, ls="--", label="aim: 1.35x")
-    axes[1].axhline(1.0, color="k", lw=0.8)
-    axes[1].set_ylabel("speed-up over compiled unfused")
-    axes[1].legend(fontsize=8)
+    aim_bars(axes[1], df["speedup_vs_compiled"], labels, 1.35, "aim: 1.35x",
+             "speed-up over compiled unfused", baseline=1.0)
     finish_plot(fig, axes, path)
 
 

@@ -188,6 +188,18 @@ def plot(df: pd.DataFrame, meta: dict, path: Path) -> None:
     finish_plot(fig, axes[:, 0], path)
 
 
+def aim_bars(ax, values: pd.Series, labels: list[str], aim: float, aim_label: str, ylabel: str,
+             baseline: float) -> None:
+    """Bar chart of one metric per row with its aim (red, dashed) and ``baseline`` (black)."""
+    shown = values.to_frame()
+    shown.index = labels
+    shown.plot.bar(ax=ax, width=0.6, legend=False)
+    ax.axhline(aim, color="r", lw=0.8, ls="--", label=aim_label)
+    ax.axhline(baseline, color="k", lw=0.8)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+
+
 def finish_plot(fig, axes, path: Path) -> None:
     """Slant the per-row x labels of ``axes``, save ``fig`` to ``path`` and close it."""
     import matplotlib.pyplot as plt

@@ -37,6 +37,8 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _BOUND: dict[tuple, tuple[object, registry.Resolved]] = {}
 # (kernel, shape, dtype, gpu) -> whether the registry chose the fused kernel
 _FUSED_CHOICE: dict[tuple, bool] = {}
+# specialisation -> compiled BoundKernel, for kernels run outside KernelSpec (_cached_call)
+_CALL_BOUND: dict[tuple, object] = {}
 
 
 def interpret_mode() -> str | None:
@@ -153,7 +155,7 @@ def clear_cache() -> None:
     """Forget compiled kernels and dispatch decisions so the next call re-reads the registry."""
     _BOUND.clear()
     _FUSED_CHOICE.clear()
-    _JAGGED_BOUND.clear()
+    _CALL_BOUND.clear()
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -539,19 +541,6 @@ def matmul_rmsnorm_split_n(
     return (y, rstd) if return_rstd else y
 
 
-def _fixed_config_call(kernel, args: tuple, config: helion.Config):
-    """Run ``kernel`` with ``config``, compiled once per specialisation (eagerly in
-    Helion's reference mode, where configs do not apply)."""
-    if is_ref_mode_enabled(kernel.settings):
-        return _reference_mode_call(kernel, args)
-    key = (kernel.name, kernel.specialization_key(args), repr(config))
-    bound = _JAGGED_BOUND.get(key)
-    if bound is None:
-        bound = _JAGGED_BOUND[key] = kernel.bind(args)
-        bound.set_config(config)
-    return bound(*args)
-
-
 def matmul_rmsnorm_matmul(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -606,16 +595,17 @@ def matmul_rmsnorm_matmul(
     if weight is not None:
         c = fold_rmsnorm_weight(weight, c)
     a, b, c = a.contiguous(), b.contiguous(), c.contiguous()
-    producer = consumer = None
-    if not is_ref_mode_enabled(_deferred.rmsnorm_scaled_matmul_kernel.settings):
-        producer = _split_n._phase1_config(_split_n.SPEC_RMSNORM, (a, b, None, float(eps)))
+    def producer():
+        return _split_n._phase1_config(_split_n.SPEC_RMSNORM, (a, b, None, float(eps)))
+
+    def consumer():
         tuned = registry.resolve("matmul", _deferred.CONSUMER_DEFAULT_CONFIG, Shape(m, n, n2),
                                  a.dtype, registry.gpu_key(a.device)).config
-        consumer = helion.Config(block_sizes=tuned.block_sizes, num_warps=tuned.num_warps,
-                                 num_stages=tuned.num_stages)
-    x, partials = _fixed_config_call(_split_n.matmul_rmsnorm_partials_kernel, (a, b), producer)
-    return _fixed_config_call(_deferred.rmsnorm_scaled_matmul_kernel, (x, c, partials, float(eps)),
-                              consumer)
+        return helion.Config(block_sizes=tuned.block_sizes, num_warps=tuned.num_warps,
+                             num_stages=tuned.num_stages)
+
+    x, partials = _cached_call(_split_n.matmul_rmsnorm_partials_kernel, (a, b), producer)
+    return _cached_call(_deferred.rmsnorm_scaled_matmul_kernel, (x, c, partials, float(eps)), consumer)
 
 
 # --- jagged GDPA and FlashNormAttention (technique 4) ---------------------------------------
@@ -623,7 +613,6 @@ def matmul_rmsnorm_matmul(
 # gdpa's fixed config (not tuned): [tile_q, tile_kv]. FlashNormAttention's come from the
 # registry, keyed by (H, D, dtype).
 GDPA_CONFIG = helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2)
-_JAGGED_BOUND: dict[tuple, object] = {}
 
 
 def _finite(op: str, name: str, x, minimum: float | None = None) -> float:
@@ -686,23 +675,31 @@ def _check_jagged(op: str, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_se
                              f"max_seq_len_{name} = {limit}")
 
 
-def _run_jagged(kernel, args: tuple, default: helion.Config, registry_name: str | None = None):
-    """Run a jagged attention kernel, compiled once per (H, D, dtype, ...) specialisation,
-    with the registry's config for (H, D, dtype) (``registry_name``) or ``default``."""
+def _cached_call(kernel, args: tuple, config):
+    """Run ``kernel`` compiled once per specialisation with ``config()`` (called on the first
+    launch only); eagerly in Helion's reference mode, where configs do not apply."""
     if is_ref_mode_enabled(kernel.settings):
         return _reference_mode_call(kernel, args)
     key = (kernel.name, kernel.specialization_key(args))
-    bound = _JAGGED_BOUND.get(key)
+    bound = _CALL_BOUND.get(key)
     if bound is None:
-        config = default
-        if registry_name is not None:
-            q = args[0]
-            shape = AttentionShape(int(q.shape[1]), int(q.shape[2]))
-            config = registry.resolve(registry_name, default, shape, q.dtype,
-                                      registry.gpu_key(q.device)).config
-        bound = _JAGGED_BOUND[key] = kernel.bind(args)
-        bound.set_config(config)
+        bound = kernel.bind(args)
+        bound.set_config(config())
+        _CALL_BOUND[key] = bound
     return bound(*args)
+
+
+def _run_jagged(kernel, args: tuple, default: helion.Config, registry_name: str | None = None):
+    """Run a jagged attention kernel, compiled once per (H, D, dtype, ...) specialisation,
+    with the registry's config for (H, D, dtype) (``registry_name``) or ``default``."""
+    def config():
+        if registry_name is None:
+            return default
+        q = args[0]
+        return registry.resolve(registry_name, default, AttentionShape(int(q.shape[1]), int(q.shape[2])),
+                                q.dtype, registry.gpu_key(q.device)).config
+
+    return _cached_call(kernel, args, config)
 
 
 def gdpa(

@@ -57,7 +57,7 @@ def test_large_mean_rows(device):
 def test_bad_inputs_raise_before_launch(monkeypatch):
     import helion_kernels.ops as ops
 
-    monkeypatch.setattr(ops, "_fixed_config_call", lambda *a: pytest.fail("launched on bad input"))
+    monkeypatch.setattr(ops, "_cached_call", lambda *a: pytest.fail("launched on bad input"))
     a, b, c, w = _operands(8, 16, 24, 8, torch.float32, "cpu", 0)
     with pytest.raises(ValueError, match=r"c must be 2-D \[N, N2\] with N = 24"):
         matmul_rmsnorm_matmul(a, b, c[:20], w)
