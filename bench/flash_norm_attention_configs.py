@@ -1,9 +1,10 @@
 """FlashNormAttention: time each hand-picked config (and the GDPA kernel's) at one workload row.
 
-Why: with short autotuning budgets Helion's search never got past compiling its seeds, so
-the registry holds the default config; this sweep shows what the seeds themselves reach,
-next to this package's unfused GDPA kernel with eager norms: the shipped per-head kernel
-(``flash_norm_attention_kernel``) and the all-heads alternative, each with its seeds.
+Why: Helion's autotuner searches from these seeds for a short budget; this sweep shows
+what each seed itself reaches, for both fused designs (the shipped per-head kernel,
+``flash_norm_attention_kernel``, and the all-heads alternative) next to this package's
+unfused GDPA kernel with eager norms. Run it from the checkout installed with
+``pip install -e .``.
 
     python bench/flash_norm_attention_configs.py --heads 8 --max-seq-len-q 3000
 
@@ -34,9 +35,12 @@ GDPA_CONFIGS = [helion.Config(block_sizes=[bq, bk], num_warps=w, num_stages=s)
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--max-seq-len-q", type=int, default=3000)
+    p.add_argument("--heads", type=int, default=8, help="H of the workload row (D = 128, batch 768)")
+    p.add_argument("--max-seq-len-q", type=int, default=3000, help="longest Q sequence (fill 0.5)")
+    p.add_argument("--out", type=Path, default=None, help="folder (default: bench/results/<gpu>/)")
     args = p.parse_args()
+    if args.heads < 1 or args.max_seq_len_q < 1:
+        p.error("--heads and --max-seq-len-q must be >= 1")
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -80,7 +84,7 @@ def main() -> int:
         print(out, flush=True)
     df = pd.DataFrame(rows)
     gpu = registry.gpu_key(device)
-    folder = Path(__file__).resolve().parent / "results" / gpu
+    folder = args.out or Path(__file__).resolve().parent / "results" / gpu
     folder.mkdir(parents=True, exist_ok=True)
     stem = folder / f"flash_norm_attention_configs_H{row.H}_q{row.max_seq_len_q}"
     df.to_csv(f"{stem}.csv", index=False, float_format="%.5g")

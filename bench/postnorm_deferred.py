@@ -14,6 +14,8 @@ metric: 100% means the norm costs nothing. Every row is checked against an fp32 
 
     python bench/postnorm_deferred.py [--workload postnorm_split_n] [--where 'K == 512']
 
+Run it from the checkout installed with ``pip install -e .`` (it imports ``helion_kernels``).
+
 Writes ``bench/results/<gpu>/matmul_rmsnorm_matmul_<workload>.{csv,md,json,png}``.
 """
 
@@ -107,15 +109,18 @@ def plot(df: pd.DataFrame, meta: dict, path) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workload", default="postnorm_split_n")
+    p.add_argument("--workload", default="postnorm_split_n", help="a GEMM workload table (M, K, N)")
     p.add_argument("--where", default=None, help="pandas query on the table's M, K, N columns")
     p.add_argument("--out", type=Path, default=None, help="default: bench/results/<gpu>/")
     args = p.parse_args()
+    try:
+        table = load_workload(args.workload, args.where)
+    except ValueError as err:
+        p.error(str(err))
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    table = load_workload(args.workload, args.where)
     ceilings = measure_ceilings(device)
     rows = []
     for r in table.itertuples():
@@ -124,7 +129,7 @@ def main() -> int:
     meta = run_meta(device, ceilings, inputs="bf16, RMSNorm weight ~ 1 folded into c, eps 1e-5, N2 = K",
                     baselines="cuBLAS GEMM, inductor (torch.compile) or Liger RMSNorm, cuBLAS GEMM")
     meta["command"] = "python bench/postnorm_deferred.py " + " ".join(sys.argv[1:])
-    out_dir = args.out or Path("bench/results") / meta["gpu_key"]
+    out_dir = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
     paths = write_results(pd.DataFrame(rows), meta, out_dir, f"matmul_rmsnorm_matmul_{args.workload}", plot,
                           notes=("`saved_vs_inductor_pct`: (t_cublas+inductor_norm+cublas - t_deferred) / "
                                  "t_inductor_norm; 100% = the norm is free",))

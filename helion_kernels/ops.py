@@ -637,6 +637,9 @@ def _check_jagged(op: str, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_se
         if t.dtype not in SUPPORTED_DTYPES or t.dtype != q.dtype:
             raise TypeError(f"{op}: q, k, v must share one of bf16/fp16/fp32, got "
                             f"{q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[1] < 1 or q.shape[2] < 16:
+        raise ValueError(f"{op}: q must be [total_q, H, D] with H >= 1 and D >= 16 (the smallest "
+                         f"tensor-core dot), got shape {tuple(q.shape)}")
     if k.shape != v.shape or k.shape[1:] != q.shape[1:]:
         raise ValueError(f"{op}: k and v must be [total_kv, H, D] with q's H and D; got q "
                          f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
@@ -742,7 +745,7 @@ def gdpa(
 
     Raises:
         TypeError, ValueError: bad ranks, dtypes, devices, offsets, lengths past the
-            maxima, unknown activation. NotImplementedError: an input requires grad.
+            maxima, H < 1 or D < 16, unknown activation. NotImplementedError: an input requires grad.
     """
     op = "gdpa"
     _check_jagged(op, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv,
@@ -795,8 +798,8 @@ def flash_norm_attention(
 
     Raises:
         ValueError: ``max_seq_len_kv`` (or a KV sequence) longer than 128, with the unfused
-            alternative named; affine parameters of the wrong shape; and everything
-            :func:`gdpa` raises.
+            alternative named; a head_dim D that is not a power of two; affine parameters of
+            the wrong shape; and everything :func:`gdpa` raises.
     """
     op = "flash_norm_attention"
     limit = _fna.MAX_SEQ_LEN_KV
@@ -809,6 +812,11 @@ def flash_norm_attention(
     _check_jagged(op, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv,
                   activation, qk_scale, validate)
     heads, dim = q.shape[1], q.shape[2]
+    if dim & (dim - 1):
+        # Helion 1.5 leaves the padded lanes of a non-power-of-two D in the per-head kernel's
+        # LayerNorm variance (x - mean != 0 there): wrong results under Triton (bench/NOTES.md).
+        raise ValueError(f"{op}: head_dim D = {dim} must be a power of two (16, 32, 64, 128, "
+                         f"256, ...); use gdpa() with separate norms for other head sizes")
     params = []
     for name, t in (("ln_weight", ln_weight), ("ln_bias", ln_bias), ("rms_weight", rms_weight)):
         if t is None:

@@ -142,6 +142,20 @@ def test_bad_inputs_raise_before_launch(fn, monkeypatch):
     _bad(fn, "more than max_seq_len_q = 36", max_seq_len_q=36)
     _bad(fn, "activation must be one of", activation="tanh")
     _bad(fn, "qk_scale must be a finite", qk_scale=float("nan"))
+    _bad(fn, r"H >= 1 and D >= 16", q=q[..., :8], k=k[..., :8], v=v[..., :8])
+    _bad(fn, r"H >= 1 and D >= 16", q=q[:, :0], k=k[:, :0], v=v[:, :0])
+
+
+@pytest.mark.ref_mode
+def test_flash_norm_attention_refuses_non_power_of_two_head_dim(monkeypatch):
+    """D = 48 gives wrong LayerNorm statistics under Triton (padded lanes counted), though
+    reference mode is right; the wrapper refuses it and names gdpa."""
+    import helion_kernels.ops as ops
+
+    monkeypatch.setattr(ops, "_run_jagged", lambda *a: pytest.fail("launched on bad input"))
+    q, k, v, qo, ko = _inputs(torch.float32, "cpu", 8, heads=2, dim=48)
+    with pytest.raises(ValueError, match=r"head_dim D = 48 must be a power of two .* gdpa\(\)"):
+        flash_norm_attention(q, k, v, qo, ko, 37, 128)
 
 
 def test_kv_limit_holds_for_any_integer_type():
