@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from helion_kernels import fold_rmsnorm_weight, matmul_rmsnorm_matmul
+from helion_kernels import fold_rmsnorm_weight, matmul_rmsnorm_matmul, registry
 from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, write_results
 from helion_kernels.kernels.postnorm_deferred import matmul_rmsnorm_matmul_reference
 from helion_kernels.kernels.postnorm_full_row import _liger
@@ -58,7 +58,7 @@ def bench_row(m: int, k: int, n: int, dtype: torch.dtype, device) -> dict:
     folded = [(a, b, fold_rmsnorm_weight(w, c)) for a, b, c, w in sets]
     inductor_norm = torch.compile(lambda x, w: F.rms_norm(x, (n,), w, EPS), dynamic=False)
     liger = _liger("LigerRMSNorm", "rms_norm", n, EPS, first[0], weight=first[3])
-    out = {"M": m, "K": k, "N": n, "N2": k, "dtype": str(dtype).removeprefix("torch.")}
+    out = {"M": m, "K": k, "N": n, "N2": k, "dtype": registry.dtype_name(dtype)}
     a, b, c, w = first
     ref = matmul_rmsnorm_matmul_reference(a, b, c, w, EPS)
     out["rel_error"] = check_outputs(matmul_rmsnorm_matmul(a, b, c, w, EPS), ref, dtype)
