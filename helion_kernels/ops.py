@@ -22,6 +22,7 @@ from helion.runtime.ref_mode import is_ref_mode_enabled
 from . import registry
 from .kernels import matmul as _matmul
 from .kernels import postnorm_full_row as _postnorm
+from .kernels import postnorm_row_sweep as _row_sweep
 from .kernels import postnorm_split_n as _split_n
 from .kernels import postnorm_deferred as _deferred
 from .kernels import flash_norm_attention as _fna
@@ -485,18 +486,20 @@ def matmul_layernorm_split_n(
     *,
     return_stats: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``layer_norm(a @ b, (N,), weight, bias, eps)`` for any N, the row split over programs.
+    """``layer_norm(a @ b, (N,), weight, bias, eps)`` for any N, the row split into N tiles.
 
     Split-N post-norm, technique 3 of the PyTorch blog "Towards Free Normalization" (Meta,
-    2026), as one persistent Helion launch: the GEMM keeps its own N tiling and writes per-row
-    partial statistics, a grid-wide barrier, then the partials are combined (Chan's formula)
-    and the tiles normalised (:mod:`helion_kernels.kernels.postnorm_split_n`). On the H200
-    it is correct but slower than cuBLAS + a standalone norm on every benchmarked shape
-    (README), so ``matmul_layernorm`` does not dispatch to it; without a registry entry for
-    your GPU it runs a conservative default config (with a warning).
+    2026), in the form that measured fastest of the four Helion versions written for it
+    (README): the row sweep of :mod:`helion_kernels.kernels.postnorm_row_sweep`. The GEMM
+    keeps its own N tiling (tile_n < N); one program per row block walks the block's N
+    tiles, storing each un-normalised (centred on its own mean) and merging its statistics
+    with Chan's formula, then re-reads the tiles from L2 and normalises them. On the H200
+    it is correct but 1.11-1.24x slower than cuBLAS + the best standalone norm on every
+    benchmarked shape, so ``matmul_layernorm`` does not dispatch to it; without a registry
+    entry for your GPU it runs a conservative default config (with a warning).
 
     Args, returns and errors: as :func:`matmul_layernorm`, without ``fused`` and without an
-    N limit. The un-normalised tile is stored in the input dtype between the phases
+    N limit. The un-normalised tile is stored in the input dtype between the two sweeps
     (centred on its tile mean), so with fp16 inputs a deviation past 65504 overflows, as
     in cuBLAS + a standalone norm; the full-row kernel keeps it in fp32 registers.
     """
@@ -509,7 +512,7 @@ def matmul_layernorm_split_n(
         stats = torch.full((2, m), float("nan"), dtype=torch.float32, device=a.device)
         y = a.new_empty(m, n)
         return (y, stats[0], stats[1]) if return_stats else y
-    y, mean, rstd = run(_split_n.SPEC_LAYERNORM, (*_as_operands(a, b, weight, bias), float(eps)))
+    y, mean, rstd = run(_row_sweep.SPEC_LAYERNORM, (*_as_operands(a, b, weight, bias), float(eps)))
     return (y, mean, rstd) if return_stats else y
 
 
@@ -521,12 +524,13 @@ def matmul_rmsnorm_split_n(
     *,
     return_rstd: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """``rms_norm(a @ b, (N,), weight, eps)`` for any N, the row split over programs.
+    """``rms_norm(a @ b, (N,), weight, eps)`` for any N, the row split into N tiles.
 
-    The RMSNorm twin of :func:`matmul_layernorm_split_n` (same technique, same caveats:
-    slower than cuBLAS + a standalone norm on the H200; with fp16 inputs a product past 65504
-    overflows between the phases). Args, returns and errors: as :func:`matmul_rmsnorm`, without
-    ``fused`` and without an N limit.
+    The RMSNorm twin of :func:`matmul_layernorm_split_n` (same technique and kernel design,
+    same caveats: on the H200 from break-even at K = N = 512 to 1.15x slower than cuBLAS + the
+    best standalone norm; with fp16 inputs a product past 65504 overflows between the sweeps).
+    Args, returns and errors: as :func:`matmul_rmsnorm`, without ``fused`` and without an
+    N limit.
     """
     op = "matmul_rmsnorm_split_n"
     _check_gemm_operands(op, a, b)
@@ -537,7 +541,7 @@ def matmul_rmsnorm_split_n(
         rstd = torch.full((m,), float("nan"), dtype=torch.float32, device=a.device)
         y = a.new_empty(m, n)
         return (y, rstd) if return_rstd else y
-    y, rstd = run(_split_n.SPEC_RMSNORM, (*_as_operands(a, b, weight), float(eps)))
+    y, rstd = run(_row_sweep.SPEC_RMSNORM, (*_as_operands(a, b, weight), float(eps)))
     return (y, rstd) if return_rstd else y
 
 
@@ -554,8 +558,9 @@ def matmul_rmsnorm_matmul(
     Free Normalization" (Meta, 2026), see :mod:`helion_kernels.kernels.postnorm_deferred`:
     the first GEMM writes ``x = a @ b`` and per-row partial sums of squares; the second runs
     on ``x`` and ``w[:, None] * c`` and scales its accumulator by ``rstd``. For the Linear ->
-    RMSNorm -> Linear pattern when nothing else reads the normalised activations. Not yet
-    measured on a GPU. The first GEMM's tiling comes from the ``matmul_rmsnorm_split_n``
+    RMSNorm -> Linear pattern when nothing else reads the normalised activations. On the
+    H200 it beats cuBLAS -> standalone RMSNorm -> cuBLAS only at K = 512 with N >= 2048
+    (README), its two GEMMs running untuned at those shapes. The first GEMM's tiling comes from the ``matmul_rmsnorm_split_n``
     registry entry of (M, K, N), the second's from the ``matmul`` entry of (M, N, N2), each
     falling back (with a warning) to the nearest or a default config.
 

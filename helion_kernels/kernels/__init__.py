@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from . import matmul, postnorm_full_row, postnorm_split_n, rmsnorm_matmul
+from . import matmul, postnorm_full_row, postnorm_row_sweep, postnorm_split_n, rmsnorm_matmul
 from .spec import KernelSpec, Shape
 
 SPECS: dict[str, KernelSpec] = {
     spec.name: spec
     for spec in (matmul.SPEC, rmsnorm_matmul.SPEC, postnorm_full_row.SPEC_LAYERNORM,
                  postnorm_full_row.SPEC_RMSNORM, postnorm_split_n.SPEC_LAYERNORM,
-                 postnorm_split_n.SPEC_RMSNORM)
+                 postnorm_split_n.SPEC_RMSNORM, postnorm_row_sweep.SPEC_LAYERNORM,
+                 postnorm_row_sweep.SPEC_RMSNORM)
 }
 
 

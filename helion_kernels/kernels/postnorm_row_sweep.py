@@ -1,0 +1,271 @@
+"""Row-sweep post-norm: split-N with the row's N tiles in one program, L2 as the exchange.
+
+Split-N candidate 4 (technique 3 of the PyTorch blog "Towards Free Normalization: Fusing
+Normalization into GEMM and Attention Kernels", Meta, July 2026). The authors split a row's
+columns over the CTAs of a thread-block cluster and exchange partial statistics through
+distributed shared memory, so no tile is re-read. Helion on Hopper has neither, and the
+two candidates of :mod:`.postnorm_split_n` pay a whole extra pass over the output (a
+second kernel, or a grid barrier after which the tiles are long gone from L2).
+
+Here one program owns a block of ``tile_m`` rows and walks their N tiles in sequence, with
+the GEMM's own tiling (tile_n < N):
+
+1. for each N tile: the k-loop, then the epilogue stores the tile un-normalised and folds
+   its statistics into running per-row registers (RMSNorm: the sum of squares; LayerNorm:
+   count, mean and sum of squared deviations, merged tile by tile with Chan et al.'s
+   pairwise formula, the tile stored centred on its own mean and that mean kept in a
+   [M, T] fp32 scratch);
+2. the row statistics are final, and the program re-reads its own tiles, which it wrote a
+   few microseconds earlier (tile_m x N elements, in L2), normalises and stores them.
+
+Helion orders the two loops with a CTA barrier (``tl.debug_barrier()``) because the second
+loads what the first stored. Against cuBLAS + a standalone norm this removes the norm's
+DRAM read and, where the dirty lines are still in L2 when they are rewritten, its DRAM
+write; what it adds is L2 traffic and the same A block being re-read from L2 for every N
+tile. No cross-program synchronisation, so any grid order is valid.
+
+Config ``block_sizes`` = [tile_n, tile_m, tile_k] (tile_n is used by both loops; the order of
+:mod:`.postnorm_split_n`'s phase 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import helion
+import helion.language as hl
+import torch
+
+from . import postnorm_full_row as _full_row
+from .postnorm_full_row import matmul_layernorm_reference, matmul_rmsnorm_reference
+
+__all__ = [
+    "SPEC_LAYERNORM",
+    "SPEC_RMSNORM",
+    "matmul_layernorm_reference",
+    "matmul_layernorm_row_sweep_kernel",
+    "matmul_rmsnorm_reference",
+    "matmul_rmsnorm_row_sweep_kernel",
+    "matmul_layernorm_row_sweep_last_tile_kernel",
+    "matmul_rmsnorm_row_sweep_last_tile_kernel",
+]
+
+
+@helion.kernel(static_shapes=True)
+def matmul_layernorm_row_sweep_kernel(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``layer_norm(a @ b, (N,), weight, bias, eps)`` -> (y [M, N] in ``a.dtype``, mean [M],
+    rstd [M] fp32), a program per ``tile_m`` rows sweeping their N tiles twice.
+
+    Config ``block_sizes`` = [tile_n, tile_m, tile_k].
+    """
+    m, k = a.size()
+    n = hl.specialize(b.size(1))
+    block_n = hl.register_block_size(n)
+    y = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    tile_means = torch.empty([m, helion.cdiv(n, block_n)], dtype=torch.float32, device=a.device)
+    mean = torch.empty([m], dtype=torch.float32, device=a.device)
+    rstd = torch.empty([m], dtype=torch.float32, device=a.device)
+    for tile_m in hl.tile(m):
+        count = hl.zeros([tile_m], dtype=torch.float32)
+        row_mean = hl.zeros([tile_m], dtype=torch.float32)
+        m2 = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_n in hl.tile(n, block_size=block_n):
+            acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+            for tile_k in hl.tile(k):
+                acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+            in_row = (tile_n.index < n)[None, :]
+            tile_count = torch.sum(in_row.to(torch.float32), dim=1)  # [1]: the tile's real columns
+            tile_mean = torch.sum(acc, dim=1) / tile_count  # padded columns of acc are 0
+            centred = torch.where(in_row, acc - tile_mean[:, None], 0.0)
+            y[tile_m, tile_n] = centred.to(y.dtype)
+            tile_means[tile_m, tile_n.id] = tile_mean
+            # Chan et al.: merge (count, row_mean, m2) with the tile's (tile_count, tile_mean, M2).
+            total = count + tile_count
+            delta = tile_mean - row_mean
+            row_mean = row_mean + delta * (tile_count / total)
+            m2 = m2 + torch.sum(centred * centred, dim=1) + delta * delta * (count * tile_count / total)
+            count = total
+        row_rstd = torch.rsqrt(m2 / n + eps)
+        for tile_n in hl.tile(n, block_size=block_n):
+            shift = tile_means[tile_m, tile_n.id] - row_mean
+            out = (y[tile_m, tile_n].to(torch.float32) + shift[:, None]) * row_rstd[:, None]
+            if weight is not None:
+                out = out * weight[tile_n].to(torch.float32)[None, :]
+            if bias is not None:
+                out = out + bias[tile_n].to(torch.float32)[None, :]
+            y[tile_m, tile_n] = out.to(y.dtype)
+        mean[tile_m] = row_mean
+        rstd[tile_m] = row_rstd
+    return y, mean, rstd
+
+
+@helion.kernel(static_shapes=True)
+def matmul_rmsnorm_row_sweep_kernel(
+    a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rms_norm(a @ b, (N,), weight, eps)`` -> (y [M, N] in ``a.dtype``, rstd [M] fp32),
+    a program per ``tile_m`` rows sweeping their N tiles twice.
+
+    Config ``block_sizes`` = [tile_n, tile_m, tile_k].
+    """
+    m, k = a.size()
+    n = hl.specialize(b.size(1))
+    block_n = hl.register_block_size(n)
+    y = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    rstd = torch.empty([m], dtype=torch.float32, device=a.device)
+    for tile_m in hl.tile(m):
+        sum_sq = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_n in hl.tile(n, block_size=block_n):
+            acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+            for tile_k in hl.tile(k):
+                acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+            y[tile_m, tile_n] = acc.to(y.dtype)
+            sum_sq = sum_sq + torch.sum(acc * acc, dim=1)  # padded columns of acc are 0
+        row_rstd = torch.rsqrt(sum_sq / n + eps)
+        for tile_n in hl.tile(n, block_size=block_n):
+            out = y[tile_m, tile_n].to(torch.float32) * row_rstd[:, None]
+            if weight is not None:
+                out = out * weight[tile_n].to(torch.float32)[None, :]
+            y[tile_m, tile_n] = out.to(y.dtype)
+        rstd[tile_m] = row_rstd
+    return y, rstd
+
+
+# Variants that keep the last N tile's fp32 accumulator in registers and normalise it from
+# there, so the second walk re-reads T - 1 tiles instead of T (T = 1 is then a full-row
+# kernel that still stores the tile twice). Same config layout; not yet the shipped kernels
+# (bench/row_sweep_last_tile.py compares the two on the tuned tilings).
+@helion.kernel(static_shapes=True)
+def matmul_layernorm_row_sweep_last_tile_kernel(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`matmul_layernorm_row_sweep_kernel` with the last N tile kept in registers."""
+    m, k = a.size()
+    n = hl.specialize(b.size(1))
+    block_n = hl.register_block_size(n)
+    last_begin = (helion.cdiv(n, block_n) - 1) * block_n
+    y = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    tile_means = torch.empty([m, helion.cdiv(n, block_n)], dtype=torch.float32, device=a.device)
+    mean = torch.empty([m], dtype=torch.float32, device=a.device)
+    rstd = torch.empty([m], dtype=torch.float32, device=a.device)
+    for tile_m in hl.tile(m):
+        count = hl.zeros([tile_m], dtype=torch.float32)
+        row_mean = hl.zeros([tile_m], dtype=torch.float32)
+        m2 = hl.zeros([tile_m], dtype=torch.float32)
+        last = hl.zeros([tile_m, block_n], dtype=torch.float32)
+        for tile_n in hl.tile(n, block_size=block_n):
+            acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+            for tile_k in hl.tile(k):
+                acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+            in_row = (tile_n.index < n)[None, :]
+            tile_count = torch.sum(in_row.to(torch.float32), dim=1)
+            tile_mean = torch.sum(acc, dim=1) / tile_count
+            centred = torch.where(in_row, acc - tile_mean[:, None], 0.0)
+            y[tile_m, tile_n] = centred.to(y.dtype)
+            tile_means[tile_m, tile_n.id] = tile_mean
+            total = count + tile_count
+            delta = tile_mean - row_mean
+            row_mean = row_mean + delta * (tile_count / total)
+            m2 = m2 + torch.sum(centred * centred, dim=1) + delta * delta * (count * tile_count / total)
+            count = total
+            last = acc
+        row_rstd = torch.rsqrt(m2 / n + eps)
+        for tile_n in hl.tile(0, last_begin, block_size=block_n):
+            shift = tile_means[tile_m, tile_n.id] - row_mean
+            out = (y[tile_m, tile_n].to(torch.float32) + shift[:, None]) * row_rstd[:, None]
+            if weight is not None:
+                out = out * weight[tile_n].to(torch.float32)[None, :]
+            if bias is not None:
+                out = out + bias[tile_n].to(torch.float32)[None, :]
+            y[tile_m, tile_n] = out.to(y.dtype)
+        for tile_n in hl.tile(last_begin, n, block_size=block_n):  # one tile, from registers
+            out = (last - row_mean[:, None]) * row_rstd[:, None]
+            if weight is not None:
+                out = out * weight[tile_n].to(torch.float32)[None, :]
+            if bias is not None:
+                out = out + bias[tile_n].to(torch.float32)[None, :]
+            y[tile_m, tile_n] = out.to(y.dtype)
+        mean[tile_m] = row_mean
+        rstd[tile_m] = row_rstd
+    return y, mean, rstd
+
+
+@helion.kernel(static_shapes=True)
+def matmul_rmsnorm_row_sweep_last_tile_kernel(
+    a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`matmul_rmsnorm_row_sweep_kernel` with the last N tile kept in registers."""
+    m, k = a.size()
+    n = hl.specialize(b.size(1))
+    block_n = hl.register_block_size(n)
+    last_begin = (helion.cdiv(n, block_n) - 1) * block_n
+    y = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    rstd = torch.empty([m], dtype=torch.float32, device=a.device)
+    for tile_m in hl.tile(m):
+        sum_sq = hl.zeros([tile_m], dtype=torch.float32)
+        last = hl.zeros([tile_m, block_n], dtype=torch.float32)
+        for tile_n in hl.tile(n, block_size=block_n):
+            acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+            for tile_k in hl.tile(k):
+                acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+            y[tile_m, tile_n] = acc.to(y.dtype)
+            sum_sq = sum_sq + torch.sum(acc * acc, dim=1)
+            last = acc
+        row_rstd = torch.rsqrt(sum_sq / n + eps)
+        for tile_n in hl.tile(0, last_begin, block_size=block_n):
+            out = y[tile_m, tile_n].to(torch.float32) * row_rstd[:, None]
+            if weight is not None:
+                out = out * weight[tile_n].to(torch.float32)[None, :]
+            y[tile_m, tile_n] = out.to(y.dtype)
+        for tile_n in hl.tile(last_begin, n, block_size=block_n):  # one tile, from registers
+            out = last * row_rstd[:, None]
+            if weight is not None:
+                out = out * weight[tile_n].to(torch.float32)[None, :]
+            y[tile_m, tile_n] = out.to(y.dtype)
+        rstd[tile_m] = row_rstd
+    return y, rstd
+
+
+# Hopper tilings [tile_n, tile_m, tile_k]: the plain GEMM's shapes, and smaller row blocks
+# (the re-read tiles and the A block of a program must stay in L2 next to those of the
+# ~132-264 resident programs).
+_SEEDS = tuple(
+    helion.Config(block_sizes=[tn, tm, 64], num_warps=w, num_stages=st, indexing=ix)
+    for tm, tn, w, st, ix in ((128, 256, 8, 3, "pointer"), (128, 128, 8, 4, "pointer"),
+                              (64, 256, 4, 4, "pointer"), (128, 128, 4, 4, "tensor_descriptor"),
+                              (64, 128, 4, 4, "pointer"))
+)
+_TECHNIQUE = ("split-N post-norm, one program sweeping a row block's N tiles with L2 as the "
+              "exchange (technique 3, PyTorch blog 'Towards Free Normalization', 2026)")
+_DEFAULT = helion.Config(block_sizes=[64, 64, 32], num_warps=4, num_stages=2)
+
+SPEC_LAYERNORM = dataclasses.replace(
+    _full_row.SPEC_LAYERNORM,
+    name="matmul_layernorm_row_sweep",
+    kernel=matmul_layernorm_row_sweep_kernel,
+    default_config=_DEFAULT,
+    seed_configs=_SEEDS,
+    technique=_TECHNIQUE,
+    dispatch_baseline=None,
+    portable_config=None,
+)
+SPEC_RMSNORM = dataclasses.replace(
+    _full_row.SPEC_RMSNORM,
+    name="matmul_rmsnorm_row_sweep",
+    kernel=matmul_rmsnorm_row_sweep_kernel,
+    default_config=_DEFAULT,
+    seed_configs=_SEEDS,
+    technique=_TECHNIQUE,
+    dispatch_baseline=None,
+    portable_config=None,
+)

@@ -1,0 +1,219 @@
+"""Row-sweep post-norm: one program per row block walks its N tiles, then re-reads them.
+
+Reference mode checks the math (one tile per dimension there); the Triton interpreter runs
+explicit tilings with several N tiles per row, a partial last N tile and M not a multiple
+of tile_m, which is where the running statistics (Chan's merge for LayerNorm) and the
+store-then-reload of the row block are exercised.
+"""
+
+from __future__ import annotations
+
+import helion
+import pytest
+import torch
+
+from helion_kernels.kernels import postnorm_row_sweep as row_sweep
+from helion_kernels.kernels.spec import Shape
+from helion_kernels.verify import check_outputs
+
+pytestmark = pytest.mark.usefixtures("poisoned_empty")
+
+AFFINE = ["none", "weight", "weight_bias"]
+
+
+def _inputs(shape: Shape, dtype, device, seed: int, affine: str, large_mean: bool = False,
+            ramp: float = 0.0):
+    """(a, b, weight, bias, eps); with ``large_mean`` every output row has mean ~1e3 and
+    spread ~1 (``a[:, -1] = 1``, ``b[-1, :] = 1000``); ``ramp`` adds an integer column ramp
+    from -ramp to +ramp to every row, so that the N tiles' means differ by ~ramp."""
+    a, b, _, _, eps = row_sweep.SPEC_LAYERNORM.make_args(shape, dtype, device, seed)
+    if large_mean or ramp:
+        a[:, -1] = 1
+        # Integers: exact in TF32, which fp32 operands run on (a rounded 1e3 is off by ~0.5).
+        b[-1, :] = 1000 * large_mean + torch.round(ramp * torch.linspace(-1, 1, shape.N, device=device))
+    gen = torch.Generator().manual_seed(seed + 7)
+    weight = (1 + 0.5 * torch.randn(shape.N, generator=gen)).to(device=device, dtype=dtype)
+    bias = (0.5 * torch.randn(shape.N, generator=gen)).to(device=device, dtype=dtype)
+    return a, b, weight if "weight" in affine else None, bias if "bias" in affine else None, eps
+
+
+def _f64(t):
+    return None if t is None else t.double()
+
+
+def _ln_reference(a, b, weight, bias, eps):
+    return row_sweep.matmul_layernorm_reference(_f64(a), _f64(b), _f64(weight), _f64(bias), eps)
+
+
+def _rms_reference(a, b, weight, eps):
+    return row_sweep.matmul_rmsnorm_reference(_f64(a), _f64(b), _f64(weight), eps)
+
+
+# (LayerNorm kernel, RMSNorm kernel): the shipped pair and the last-tile-in-registers pair.
+PAIRS = [
+    (row_sweep.matmul_layernorm_row_sweep_kernel, row_sweep.matmul_rmsnorm_row_sweep_kernel),
+    (row_sweep.matmul_layernorm_row_sweep_last_tile_kernel, row_sweep.matmul_rmsnorm_row_sweep_last_tile_kernel),
+]
+PAIR_IDS = ["shipped", "last_tile"]
+
+
+def _run(kernel, args, config):
+    bound = kernel.bind(args)
+    bound.set_config(config)
+    return bound(*args)
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("affine", AFFINE)
+@pytest.mark.parametrize("shape", [Shape(1, 64, 96), Shape(33, 100, 96), Shape(45, 48, 200), Shape(7, 1, 5)], ids=str)
+def test_reference_mode(shape, affine, dtype, device):
+    a, b, w, bias, eps = _inputs(shape, dtype, device, 3, affine)
+    for ln_kernel, rms_kernel in PAIRS:
+        check_outputs(ln_kernel(a, b, w, bias, eps), _ln_reference(a, b, w, bias, eps), dtype)
+        check_outputs(rms_kernel(a, b, w, eps), _rms_reference(a, b, w, eps), dtype)
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_large_row_mean_reference_mode(dtype, device):
+    a, b, w, bias, eps = _inputs(Shape(33, 100, 96), dtype, device, 5, "weight_bias", large_mean=True)
+    ref = _ln_reference(a, b, w, bias, eps)
+    assert (ref[1] - 1000).abs().max() < 10  # the shift really happened
+    for ln_kernel, _ in PAIRS:
+        check_outputs(ln_kernel(a, b, w, bias, eps), ref, dtype)
+
+
+# [tile_n, tile_m, tile_k]: 3-7 N tiles per row at N = 96 / 200 (a partial last one at
+# N = 200 and 100), partial last row blocks.
+CONFIGS = [
+    helion.Config(block_sizes=[32, 16, 16], num_warps=4, num_stages=1),
+    helion.Config(block_sizes=[64, 32, 32], num_warps=4, num_stages=2),
+]
+INTERPRETER_SHAPES = [Shape(33, 100, 96), Shape(45, 48, 200), Shape(1, 64, 100)]
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])  # bf16 tl.dot is broken in the interpreter
+@pytest.mark.parametrize("affine", ["none", "weight_bias"])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c.block_sizes)))
+@pytest.mark.parametrize("shape", INTERPRETER_SHAPES, ids=str)
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_several_n_tiles_per_row(pair, shape, config, affine, dtype):
+    a, b, w, bias, eps = _inputs(shape, dtype, "cpu", 11, affine)
+    check_outputs(_run(pair[0], (a, b, w, bias, eps), config), _ln_reference(a, b, w, bias, eps), dtype)
+    check_outputs(_run(pair[1], (a, b, w, eps), config), _rms_reference(a, b, w, eps), dtype)
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("ramp", [0.0, 30.0])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c.block_sizes)))
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_large_row_mean_several_n_tiles(pair, config, ramp, dtype):
+    """Mean ~1e3, 3-7 N tiles. Spread ~1: the tiles are stored centred on their own means
+    (a raw fp16 tile would lose the spread; a sum/sum-of-squares variance would cancel in
+    fp32). With a column ramp the tile means differ by ~30 and the between-tile term of
+    Chan's merge is most of the variance, so a wrong merge fails."""
+    a, b, w, bias, eps = _inputs(Shape(33, 100, 96), dtype, "cpu", 13, "weight_bias", large_mean=True, ramp=ramp)
+    ref = _ln_reference(a, b, w, bias, eps)
+    assert (ref[1] - 1000).abs().max() < 10
+    check_outputs(_run(pair[0], (a, b, w, bias, eps), config), ref, dtype)
+
+
+@pytest.mark.ref_mode  # (the kernels' fp32 accumulators do not compile for float64 operands)
+def test_float64_is_exact(device):
+    """float64 operands (the public ops take bf16/fp16/fp32): nothing is rounded to a low
+    precision, so both kernels must agree with the reference to 1e-6; a 0.5% error in a
+    statistic (e.g. dividing by N + 1) passes the dtype tolerances but not this."""
+    a, b, w, bias, eps = _inputs(Shape(33, 100, 200), torch.float64, device, 29, "weight_bias", ramp=3.0)
+    for ln_kernel, rms_kernel in PAIRS:
+        check_outputs(ln_kernel(a, b, w, bias, eps), _ln_reference(a, b, w, bias, eps), torch.float64)
+        check_outputs(rms_kernel(a, b, w, eps), _rms_reference(a, b, w, eps), torch.float64)
+
+
+@pytest.mark.triton_interpret  # code generation only; reference mode has none
+@pytest.mark.parametrize("kernel", [k for pair in PAIRS for k in pair], ids=lambda k: k.name)
+def test_reload_loop_follows_a_cta_barrier(kernel):
+    """The second N loop loads what the first stored, from other threads of the program:
+    Helion must put a CTA barrier between them, for the default and every seed config.
+    (If a Helion upgrade dropped it the kernel would race, and only sometimes be wrong.)"""
+    spec = row_sweep.SPEC_LAYERNORM if "layernorm" in kernel.name else row_sweep.SPEC_RMSNORM
+    args = spec.make_args(Shape(64, 96, 512), torch.float16, "cpu", None)
+    bound = kernel.bind(args)
+    for config in (spec.default_config, *spec.seed_configs):
+        code = bound.to_triton_code(config)
+        body = code[code.index("@triton.jit"):]
+        first_store = body.index("tl.store(y")
+        barrier = body.index("tl.debug_barrier()")
+        reload = body.index("tl.load(y")
+        assert first_store < barrier < reload, config
+
+
+def test_specs_registered():
+    from helion_kernels.kernels import SPECS
+
+    assert SPECS["matmul_layernorm_row_sweep"] is row_sweep.SPEC_LAYERNORM
+    assert SPECS["matmul_rmsnorm_row_sweep"] is row_sweep.SPEC_RMSNORM
+    assert "technique 3" in row_sweep.SPEC_RMSNORM.technique
+
+
+# Each seed tiling once, on shapes with several N tiles, a partial last tile and M = 1;
+# fp32 operands get two stages so that they fit in shared memory.
+CUDA_CASES = [
+    (Shape(1000, 512, 4096), torch.bfloat16, 0),
+    (Shape(333, 256, 1000), torch.bfloat16, 1),
+    (Shape(1, 64, 520), torch.bfloat16, 2),
+    (Shape(333, 256, 1000), torch.float32, 3),
+    (Shape(1000, 512, 4096), torch.float32, 4),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(("shape", "dtype", "seed"), CUDA_CASES, ids=lambda v: str(v).replace("torch.", ""))
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_cuda_seed_configs(pair, shape, dtype, seed):
+    """Rows with mean 1e3, spread 1 and a column ramp, both norms, affine on."""
+    config = row_sweep.SPEC_LAYERNORM.seed_configs[seed]
+    if dtype == torch.float32:
+        config = helion.Config(**{**config.config, "num_stages": 2})
+    a, b, w, bias, eps = _inputs(shape, dtype, "cuda", 19, "weight_bias", large_mean=True, ramp=3.0)
+    check_outputs(_run(pair[0], (a, b, w, bias, eps), config), _ln_reference(a, b, w, bias, eps), dtype)
+    check_outputs(_run(pair[1], (a, b, w, eps), config), _rms_reference(a, b, w, eps), dtype)
+
+
+def test_cuda_cases_cover_every_seed():
+    assert sorted(seed for *_, seed in CUDA_CASES) == list(range(len(row_sweep.SPEC_LAYERNORM.seed_configs)))
+
+
+@pytest.mark.ref_mode  # CPU tensors: the public ops refuse them outside interpret modes
+def test_public_split_n_functions_run_the_row_sweep(monkeypatch):
+    """``matmul_{layernorm,rmsnorm}_split_n`` launch this module's specs (the fastest split-N
+    version on the H200), after validating their inputs."""
+    import helion_kernels.ops as ops
+    from helion_kernels import matmul_layernorm_split_n, matmul_rmsnorm_split_n
+
+    launched = []
+    monkeypatch.setattr(ops, "run", lambda spec, args: launched.append(spec.name) or spec.reference(*args))
+    a, b, w, bias, eps = _inputs(Shape(5, 16, 24), torch.float32, "cpu", 31, "weight_bias")
+    check_outputs(matmul_layernorm_split_n(a, b, w, bias, eps), _ln_reference(a, b, w, bias, eps)[0], torch.float32)
+    check_outputs(matmul_rmsnorm_split_n(a, b, w, eps), _rms_reference(a, b, w, eps)[0], torch.float32)
+    assert launched == ["matmul_layernorm_row_sweep", "matmul_rmsnorm_row_sweep"]
+    with pytest.raises(ValueError, match="mismatched K"):
+        matmul_rmsnorm_split_n(a, b[:3])
+    assert len(launched) == 2
+
+
+@pytest.mark.cuda
+def test_cuda_public_functions_without_registry(registry_dir):
+    """An empty registry: the default config, a warning, and correct outputs."""
+    from helion_kernels import matmul_layernorm_split_n, matmul_rmsnorm_split_n
+    from helion_kernels.registry import ConfigFallbackWarning
+
+    a, b, w, bias, eps = _inputs(Shape(777, 320, 1536), torch.bfloat16, "cuda", 37, "weight_bias", large_mean=True)
+    with pytest.warns(ConfigFallbackWarning, match="default config"):
+        y = matmul_layernorm_split_n(a, b, w, bias, eps, return_stats=True)
+    check_outputs(y, _ln_reference(a, b, w, bias, eps), torch.bfloat16)
+    with pytest.warns(ConfigFallbackWarning, match="default config"):
+        y = matmul_rmsnorm_split_n(a, b, w, eps, return_rstd=True)
+    check_outputs(y, _rms_reference(a, b, w, eps), torch.bfloat16)
