@@ -15,11 +15,13 @@ Guarantees:
   never overwritten: fix or remove it by hand; nothing else is lost.
 
 Lookup rule for a shape that was not tuned (:func:`nearest_entry`): among the entries of
-the same dtype (of any dtype when none exists), take the one with the smallest
+the same dtype (else of a dtype with the same element size, e.g. fp16 for bf16; never one
+of another size, whose tiles would need other amounts of shared memory), take the one with
+the smallest
 ``|log2(M/M')| + |log2(K/K')| + |log2(N/N')|`` (likewise over H and D); ties go to the
 larger tuned shape. The
-caller gets a :class:`ConfigFallbackWarning`. With no entry at all for the GPU, the
-kernel's conservative default config is used, also with a warning. Nothing ever starts an
+caller gets a :class:`ConfigFallbackWarning`. With no such entry for the GPU, the kernel's
+conservative default config is used, also with a warning. Nothing ever starts an
 autotuning run inside a user's call.
 """
 
@@ -247,11 +249,18 @@ def shape_distance(a: Shape | AttentionShape, b: Shape | AttentionShape) -> floa
     return sum(abs(math.log2(x / y)) for x, y in zip(a, b))
 
 
+def _element_size(dtype: str) -> int | None:
+    """Bytes per element of a registry dtype name (None for a name torch does not know)."""
+    dt = getattr(torch, dtype, None)
+    return dt.itemsize if isinstance(dt, torch.dtype) else None
+
+
 def nearest_entry(entries: dict[tuple, Entry], shape: Shape | AttentionShape, dtype: str) -> Entry | None:
     """The entry closest to ``shape`` by the rule in this module's docstring."""
+    size = _element_size(dtype)
     pool = [e for e in entries.values()
             if type(e.shape) is type(shape) and e.dtype == dtype] or [
-        e for e in entries.values() if type(e.shape) is type(shape)]
+        e for e in entries.values() if type(e.shape) is type(shape) and _element_size(e.dtype) == size]
     if not pool:
         return None
     return min(pool, key=lambda e: (shape_distance(e.shape, shape), tuple(-x for x in e.shape)))
@@ -287,8 +296,10 @@ def resolve(
             stacklevel=3,
         )
         return Resolved(near.config, "nearest", near)
+    what = (f"no config for {name} or a dtype of its size" if entries
+            else "no config")
     warnings.warn(
-        f"{kernel}: the registry has no config for {gpu} ({registry_path(kernel, gpu)}); "
+        f"{kernel}: the registry has {what} for {gpu} ({registry_path(kernel, gpu)}); "
         f"using the conservative default config, which can be several times slower. Tune "
         f"with: {tune_command(kernel, shape, name)}",
         ConfigFallbackWarning,

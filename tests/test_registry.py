@@ -84,8 +84,11 @@ def test_nearest_rule(registry_dir):
     # distance 2, and the tie goes to the larger.
     assert registry.nearest_entry(entries, Shape(65536, 512, 512), "bfloat16").shape == Shape(65536, 1024, 1024)
     assert registry.nearest_entry(entries, Shape(262144, 1024, 1024), "bfloat16").shape == Shape(524288, 1024, 1024)
-    # No entry of the dtype: any dtype.
-    assert registry.nearest_entry(entries, Shape(65536, 512, 512), "float32").dtype == "float16"
+    # No entry of the dtype: one of the same element size, never another size (a bf16
+    # tiling can need more shared memory than the GPU has when its elements are fp32).
+    assert registry.nearest_entry({e.key: e for e in entries.values() if e.dtype == "float16"},
+                                  Shape(65536, 512, 512), "bfloat16").dtype == "float16"
+    assert registry.nearest_entry(entries, Shape(65536, 512, 512), "float32") is None
     assert registry.nearest_entry({}, Shape(1, 1, 1), "bfloat16") is None
 
 
@@ -103,6 +106,10 @@ def test_resolve_exact_nearest_default(registry_dir):
     assert (near.source, near.config) == ("nearest", CFG_B)
     with pytest.warns(ConfigFallbackWarning, match="no config for other_gpu.*helion-kernels autotune"):
         default = registry.resolve("k", DEFAULT, Shape(128, 64, 64), torch.bfloat16, "other_gpu")
+    assert (default.source, default.config) == ("default", DEFAULT)
+    # fp32 elements: the bf16 entry's tiling is not used; the default is, and the warning says why.
+    with pytest.warns(ConfigFallbackWarning, match="no config for float32 or a dtype of its size for g "):
+        default = registry.resolve("k", DEFAULT, Shape(64, 64, 64), torch.float32, "g")
     assert (default.source, default.config) == ("default", DEFAULT)
 
 
