@@ -113,6 +113,8 @@ def _bound(spec: KernelSpec, args: tuple) -> tuple[object, registry.Resolved]:
         config = resolved.config
         if spec.portable_config is not None:
             config = spec.portable_config(config)
+        if spec.fit_config is not None and resolved.source != "exact":
+            config = spec.fit_config(config, args)
         bound.set_config(config)
         hit = _BOUND[key] = (bound, resolved)
     return hit
@@ -560,8 +562,9 @@ def matmul_rmsnorm_matmul(
     on ``x`` and ``w[:, None] * c`` and scales its accumulator by ``rstd``. For the Linear ->
     RMSNorm -> Linear pattern when nothing else reads the normalised activations. On the
     H200 it beats cuBLAS -> standalone RMSNorm -> cuBLAS only at K = 512 with N >= 2048
-    (README), its two GEMMs running untuned at those shapes. The first GEMM's tiling comes from the ``matmul_rmsnorm_split_n``
-    registry entry of (M, K, N), the second's from the ``matmul`` entry of (M, N, N2), each
+    (README), its two GEMMs running untuned at those shapes. The first GEMM's tiling is the
+    phase-1 tiling of the ``matmul_rmsnorm_split_n`` registry entry of (M, K, N) (the
+    persistent split-N kernel's), the second's the ``matmul`` entry of (M, N, N2), each
     falling back (with a warning) to the nearest or a default config.
 
     Args:

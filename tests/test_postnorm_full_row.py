@@ -6,6 +6,8 @@ with an explicit config otherwise), always against float64 references.
 
 from __future__ import annotations
 
+import warnings
+
 import helion
 import pytest
 import torch
@@ -210,6 +212,60 @@ def test_check_full_row_n(dtype, device):
             check_full_row_n(n, dtype, device)
         assert f"N = {n}" in str(err.value) and str(limit) in str(err.value)
         assert "technique 3" in str(err.value)
+
+
+def _smem_estimate(config, n, item):
+    """The estimate fit_shared_memory works with (see its docstring)."""
+    _, tile_m, tile_k = config.block_sizes
+    npad = 1 << (n - 1).bit_length()
+    return config.num_stages * (tile_m * tile_k + tile_k * npad) * item + tile_m * npad * 4
+
+
+@pytest.mark.parametrize(("n", "dtype"), [(1000, torch.bfloat16), (2048, torch.bfloat16), (1024, torch.float32),
+                                          (513, torch.float16)])
+def test_fit_shared_memory_shrinks_a_config_from_a_smaller_n(n, dtype, monkeypatch):
+    """The H200 failure: a 64 x 64, 3-stage tiling tuned at N = 512 asked for 417792 bytes at
+    N = 1000. Fitted, it is within 232448 bytes; stages go first; the N tile is kept."""
+    from helion_kernels.kernels.postnorm_full_row import fit_shared_memory
+
+    monkeypatch.setattr(postnorm_full_row, "_shared_memory_per_block", lambda device: 232448)
+
+    tuned = helion.Config(block_sizes=[512, 64, 64], num_warps=4, num_stages=3, indexing="pointer")
+    a, b = torch.empty(8, 32, dtype=dtype), torch.empty(32, n, dtype=dtype)
+    fitted = fit_shared_memory(tuned, (a, b))
+    item = a.element_size()
+    assert _smem_estimate(tuned, n, item) > 232448 >= _smem_estimate(fitted, n, item)
+    assert fitted.num_stages == 1 and fitted.block_sizes[0] == 512
+    assert fitted.config["indexing"] == "pointer" and fitted.num_warps == 4
+
+
+def test_fit_shared_memory_keeps_a_config_that_fits(monkeypatch):
+    from helion_kernels.kernels.postnorm_full_row import fit_shared_memory
+
+    monkeypatch.setattr(postnorm_full_row, "_shared_memory_per_block", lambda device: 232448)
+
+    tuned = helion.Config(block_sizes=[16, 64, 64], num_warps=4, num_stages=3)
+    args = (torch.empty(8, 32, dtype=torch.bfloat16), torch.empty(32, 256, dtype=torch.bfloat16))
+    assert fit_shared_memory(tuned, args) is tuned
+
+
+@pytest.mark.triton_interpret  # binds a config (no launch); reference mode has no configs
+def test_fit_applies_to_fallback_configs_only(registry_dir):
+    """ops runs fit_config on the nearest shape's config, never on an exact entry."""
+    import dataclasses
+
+    from helion_kernels import ops, registry
+
+    seen = []
+    spec = dataclasses.replace(SPEC_LAYERNORM, fit_config=lambda cfg, args: seen.append(args[1].shape[1]) or cfg)
+    tuned = helion.Config(block_sizes=[16, 64, 64], num_warps=4, num_stages=3)
+    registry.save_entry(spec.name, "cpu", registry.Entry(Shape(64, 32, 512), "float32", tuned, {}))
+    for n in (512, 1000):
+        args = spec.make_args(Shape(64, 32, n), torch.float32, "cpu", 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", registry.ConfigFallbackWarning)
+            ops._bound(spec, args)
+    assert seen == [1000]
 
 
 def test_specs_are_consistent():

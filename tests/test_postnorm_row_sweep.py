@@ -121,6 +121,20 @@ def test_large_row_mean_several_n_tiles(pair, config, ramp, dtype):
     check_outputs(_run(pair[0], (a, b, w, bias, eps), config), ref, dtype)
 
 
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_huge_row_mean_stays_finite(pair):
+    """fp32 rows with mean 2e19: the first tile's mean squared overflows fp32, and Chan's
+    merge weights it by 0; the output must stay finite (NaN never passes). Precision is lost
+    at that magnitude, so only finiteness is checked."""
+    a, b, w, bias, eps = _inputs(Shape(9, 40, 96), torch.float32, "cpu", 41, "weight_bias")
+    a[:, -1] = 1
+    b[-1, :] = 2e19
+    y, mean, rstd = _run(pair[0], (a, b, w, bias, eps), CONFIGS[0])
+    assert torch.isfinite(y).all() and torch.isfinite(rstd).all()
+    torch.testing.assert_close(mean.double(), (a.double() @ b.double()).mean(1), rtol=1e-5, atol=0)
+
+
 @pytest.mark.ref_mode  # (the kernels' fp32 accumulators do not compile for float64 operands)
 def test_float64_is_exact(device):
     """float64 operands (the public ops take bf16/fp16/fp32): nothing is rounded to a low

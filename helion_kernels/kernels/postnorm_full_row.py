@@ -330,6 +330,36 @@ def portable_config(config: helion.Config) -> helion.Config:
     return helion.Config(**{**config.config, "block_sizes": [_N_TILE, *config.block_sizes[1:]]})
 
 
+def fit_shared_memory(config: helion.Config, args: tuple) -> helion.Config:
+    """``config`` made to fit one block's shared memory at this call's N.
+
+    A config tuned at a smaller N (the registry's nearest shape) can need more shared memory
+    than the GPU has at this call's Npad: seen on the H200, a 64 x 64, 3-stage tiling tuned
+    at N = 512 asked for 417792 bytes at N = 1000. Estimated as in :func:`max_full_row_n`
+    (per stage an ``a`` tile tile_m x tile_k and a ``b`` tile tile_k x Npad, plus the fp32
+    [tile_m, Npad] epilogue tile), and reduced in this order until it fits: stages down to
+    1, tile_k down to 16, tile_m down to 16 (which :func:`max_full_row_n` guarantees fits).
+    """
+    a, b = args[0], args[1]
+    npad = helion.next_power_of_2(int(b.shape[1]))
+    item = a.element_size()
+    smem = _shared_memory_per_block(a.device if a.is_cuda else None)
+    _, tile_m, tile_k = config.block_sizes
+    stages = config.num_stages
+
+    def need(stages: int, tile_m: int, tile_k: int) -> int:
+        return stages * (tile_m * tile_k + tile_k * npad) * item + tile_m * npad * 4
+
+    fitted = (stages, tile_m, tile_k)
+    while need(*fitted) > smem and fitted != (1, _MIN_TILE_M, _MIN_TILE_K):
+        s, m, k = fitted
+        fitted = (s - 1, m, k) if s > 1 else (s, m, k // 2) if k > _MIN_TILE_K else (s, m // 2, k)
+    if fitted == (stages, tile_m, tile_k):
+        return config
+    return helion.Config(**{**config.config, "num_stages": fitted[0],
+                            "block_sizes": [config.block_sizes[0], fitted[1], fitted[2]]})
+
+
 # The smallest program, the one max_full_row_n is computed for: fits every N it accepts.
 DEFAULT_CONFIG = helion.Config(
     block_sizes=[_N_TILE, _MIN_TILE_M, _MIN_TILE_K], num_warps=4, num_stages=1)
@@ -366,6 +396,7 @@ SPEC_LAYERNORM = KernelSpec(
     technique=_TECHNIQUE,
     dispatch_baseline="cublas+inductor_norm",
     portable_config=portable_config,
+    fit_config=fit_shared_memory,
 )
 
 SPEC_RMSNORM = dataclasses.replace(

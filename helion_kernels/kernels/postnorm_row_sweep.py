@@ -38,6 +38,7 @@ import torch
 
 from . import postnorm_full_row as _full_row
 from .postnorm_full_row import matmul_layernorm_reference, matmul_rmsnorm_reference
+from .spec import KernelSpec
 
 __all__ = [
     "SPEC_LAYERNORM",
@@ -86,10 +87,12 @@ def matmul_layernorm_row_sweep_kernel(
             y[tile_m, tile_n] = centred.to(y.dtype)
             tile_means[tile_m, tile_n.id] = tile_mean
             # Chan et al.: merge (count, row_mean, m2) with the tile's (tile_count, tile_mean, M2).
+            # delta * (delta * w), not delta * delta * w: on the first tile w = 0 and delta is
+            # the tile mean, whose square overflows fp32 past 1.8e19 (inf * 0 = NaN).
             total = count + tile_count
             delta = tile_mean - row_mean
             row_mean = row_mean + delta * (tile_count / total)
-            m2 = m2 + torch.sum(centred * centred, dim=1) + delta * delta * (count * tile_count / total)
+            m2 = m2 + torch.sum(centred * centred, dim=1) + delta * (delta * (count * tile_count / total))
             count = total
         row_rstd = torch.rsqrt(m2 / n + eps)
         for tile_n in hl.tile(n, block_size=block_n):
@@ -145,7 +148,8 @@ def matmul_rmsnorm_row_sweep_kernel(
 # every workload row; LayerNorm takes 1.11-1.31x the time except at T = 1 (cause not
 # checked; the carried tile is 128 more fp32 registers per thread on the 64 x 512 / 8-warp
 # tiling). Not shipped: the RMSNorm gain is the size of run-to-run differences, and it
-# would need a tuning run of its own to be registered.
+# would need a tuning run of its own to be registered. Helion 1.5 does not compile them at
+# N = 1 (the first walk's bound, 0, leaves a size it cannot place).
 @helion.kernel(static_shapes=True)
 def matmul_layernorm_row_sweep_last_tile_kernel(
     a: torch.Tensor,
@@ -181,7 +185,7 @@ def matmul_layernorm_row_sweep_last_tile_kernel(
             total = count + tile_count
             delta = tile_mean - row_mean
             row_mean = row_mean + delta * (tile_count / total)
-            m2 = m2 + torch.sum(centred * centred, dim=1) + delta * delta * (count * tile_count / total)
+            m2 = m2 + torch.sum(centred * centred, dim=1) + delta * (delta * (count * tile_count / total))
             count = total
             last = acc
         row_rstd = torch.rsqrt(m2 / n + eps)
@@ -254,23 +258,14 @@ _TECHNIQUE = ("split-N post-norm, one program sweeping a row block's N tiles wit
               "exchange (technique 3, PyTorch blog 'Towards Free Normalization', 2026)")
 _DEFAULT = helion.Config(block_sizes=[64, 64, 32], num_warps=4, num_stages=2)
 
-SPEC_LAYERNORM = dataclasses.replace(
-    _full_row.SPEC_LAYERNORM,
-    name="matmul_layernorm_row_sweep",
-    kernel=matmul_layernorm_row_sweep_kernel,
-    default_config=_DEFAULT,
-    seed_configs=_SEEDS,
-    technique=_TECHNIQUE,
-    dispatch_baseline=None,
-    portable_config=None,
-)
-SPEC_RMSNORM = dataclasses.replace(
-    _full_row.SPEC_RMSNORM,
-    name="matmul_rmsnorm_row_sweep",
-    kernel=matmul_rmsnorm_row_sweep_kernel,
-    default_config=_DEFAULT,
-    seed_configs=_SEEDS,
-    technique=_TECHNIQUE,
-    dispatch_baseline=None,
-    portable_config=None,
-)
+
+def _spec(base: KernelSpec, name: str, kernel: helion.Kernel) -> KernelSpec:
+    """The full-row spec ``base`` (same arguments, reference and baselines) for ``kernel``."""
+    return dataclasses.replace(base, name=name, kernel=kernel, default_config=_DEFAULT,
+                               seed_configs=_SEEDS, technique=_TECHNIQUE, dispatch_baseline=None,
+                               portable_config=None, fit_config=None)
+
+
+SPEC_LAYERNORM = _spec(_full_row.SPEC_LAYERNORM, "matmul_layernorm_row_sweep",
+                       matmul_layernorm_row_sweep_kernel)
+SPEC_RMSNORM = _spec(_full_row.SPEC_RMSNORM, "matmul_rmsnorm_row_sweep", matmul_rmsnorm_row_sweep_kernel)

@@ -388,6 +388,7 @@ SPEC_LAYERNORM = dataclasses.replace(
     baselines=_baselines_layernorm,
     dispatch_baseline=None,
     portable_config=None,
+    fit_config=None,
 )
 SPEC_RMSNORM = dataclasses.replace(
     _full_row.SPEC_RMSNORM,
@@ -399,4 +400,5 @@ SPEC_RMSNORM = dataclasses.replace(
     baselines=_baselines_rmsnorm,
     dispatch_baseline=None,
     portable_config=None,
+    fit_config=None,
 )

@@ -71,6 +71,10 @@ class KernelSpec:
             before it is used, so that a config tuned at one shape is valid at another
             (e.g. the full-row kernels reset their whole-row N tile, which Helion raises to
             each shape's minimum). None: configs are used as they are.
+        fit_config: ``(config, args) -> config`` applied to a config that was *not* tuned at
+            the call's exact shape (the nearest shape's, or the default) before it is
+            compiled, so that it fits the call's shape on its device (e.g. fewer pipeline
+            stages for a wider whole-row tile). None: used as it is.
     """
 
     name: str
@@ -89,6 +93,7 @@ class KernelSpec:
     technique: str
     dispatch_baseline: str | None = None
     portable_config: Callable[[helion.Config], helion.Config] | None = None
+    fit_config: Callable[[helion.Config, tuple], helion.Config] | None = None
 
 
 def random_gemm_operands(
