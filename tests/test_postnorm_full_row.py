@@ -224,7 +224,7 @@ def _smem_estimate(config, n, item):
 @pytest.mark.parametrize(("n", "dtype"), [(1000, torch.bfloat16), (2048, torch.bfloat16), (1024, torch.float32),
                                           (513, torch.float16)])
 def test_fit_shared_memory_shrinks_a_config_from_a_smaller_n(n, dtype, monkeypatch):
-    """The H200 failure: a 64 x 64, 3-stage tiling tuned at N = 512 asked for 417792 bytes at
+    """The H200 failure: a 64 x 64, 3-stage tiling tuned at N = 256 asked for 417792 bytes at
     N = 1000. Fitted, it is within 232448 bytes; stages go first; the N tile is kept."""
     from helion_kernels.kernels.postnorm_full_row import fit_shared_memory
 

@@ -335,7 +335,7 @@ def fit_shared_memory(config: helion.Config, args: tuple) -> helion.Config:
 
     A config tuned at a smaller N (the registry's nearest shape) can need more shared memory
     than the GPU has at this call's Npad: seen on the H200, a 64 x 64, 3-stage tiling tuned
-    at N = 512 asked for 417792 bytes at N = 1000. Estimated as in :func:`max_full_row_n`
+    at 65536x256x256 asked for 417792 bytes at N = 1000. Estimated as in :func:`max_full_row_n`
     (per stage an ``a`` tile tile_m x tile_k and a ``b`` tile tile_k x Npad, plus the fp32
     [tile_m, Npad] epilogue tile), and reduced in this order until it fits: stages down to
     1, tile_k down to 16, tile_m down to 16 (which :func:`max_full_row_n` guarantees fits).
