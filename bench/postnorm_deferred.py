@@ -21,7 +21,6 @@ Writes ``bench/results/<gpu>/matmul_rmsnorm_matmul_<workload>.{csv,md,json,png}`
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from pathlib import Path
@@ -31,12 +30,11 @@ import torch
 import torch.nn.functional as F
 
 from helion_kernels import fold_rmsnorm_weight, matmul_rmsnorm_matmul, registry
-from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, write_results
+from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
 from helion_kernels.kernels.postnorm_deferred import matmul_rmsnorm_matmul_reference
 from helion_kernels.kernels.postnorm_full_row import _liger
 from helion_kernels.timing import input_copies, measure_ceilings, time_ms
 from helion_kernels.verify import check_outputs
-from helion_kernels.workloads import load_workload
 
 EPS = 1e-5
 
@@ -108,18 +106,7 @@ def plot(df: pd.DataFrame, meta: dict, path) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workload", default="postnorm_split_n", help="a GEMM workload table (M, K, N)")
-    p.add_argument("--where", default=None, help="pandas query on the table's M, K, N columns")
-    p.add_argument("--out", type=Path, default=None, help="default: bench/results/<gpu>/")
-    args = p.parse_args()
-    try:
-        table = load_workload(args.workload, args.where)
-    except ValueError as err:
-        p.error(str(err))
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
-        return 2
+    args, table = workload_script_args(__doc__.splitlines()[0])
     device = torch.device("cuda")
     ceilings = measure_ceilings(device)
     rows = []

@@ -14,7 +14,6 @@ Writes ``bench/results/<gpu>/row_sweep_last_tile_<norm>.{csv,md,json,png}``.
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 from pathlib import Path
@@ -24,12 +23,11 @@ import pandas as pd
 import torch
 
 from helion_kernels import registry
-from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, write_results
+from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
 from helion_kernels.kernels import postnorm_row_sweep as row_sweep
 from helion_kernels.kernels.spec import Shape
 from helion_kernels.timing import input_copies, measure_ceilings, time_ms
 from helion_kernels.verify import check_outputs
-from helion_kernels.workloads import load_workload
 
 KERNELS = {
     "layernorm": (row_sweep.SPEC_LAYERNORM, row_sweep.matmul_layernorm_row_sweep_kernel,
@@ -81,19 +79,8 @@ def plot(df: pd.DataFrame, meta: dict, path) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--norm", choices=sorted(KERNELS), default="rmsnorm")
-    p.add_argument("--workload", default="postnorm_split_n", help="a GEMM workload table (M, K, N)")
-    p.add_argument("--where", default=None, help="pandas query on the table's M, K, N columns")
-    p.add_argument("--out", type=Path, default=None, help="default: bench/results/<gpu>/")
-    args = p.parse_args()
-    try:
-        table = load_workload(args.workload, args.where)
-    except ValueError as err:
-        p.error(str(err))
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
-        return 2
+    args, table = workload_script_args(
+        __doc__.splitlines()[0], lambda p: p.add_argument("--norm", choices=sorted(KERNELS), default="rmsnorm"))
     device = torch.device("cuda")
     ceilings = measure_ceilings(device)
     spec, *kernels = KERNELS[args.norm]

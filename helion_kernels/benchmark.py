@@ -13,6 +13,7 @@ markdown and PNG.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import importlib.metadata
 import json
@@ -29,6 +30,7 @@ from .kernels.spec import KernelSpec, Shape
 from .timing import Ceilings, input_copies, measure_ceilings, time_ms
 from .tuning import versions
 from .verify import VerificationError, verify_config
+from .workloads import load_workload
 
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
 
@@ -98,6 +100,31 @@ def run_benchmark(
         for s in track(shapes, description=f"bench {spec.name}", transient=True)
     ]
     return pd.DataFrame(rows), run_meta(device, ceilings)
+
+
+def workload_script_args(description: str, add_arguments=None) -> tuple[argparse.Namespace, pd.DataFrame]:
+    """The command line of the ``bench/`` scripts that sweep a GEMM workload table.
+
+    ``--workload`` (default ``postnorm_split_n``), ``--where`` (a pandas query), ``--out``
+    (default ``bench/results/<gpu>/``), plus what ``add_arguments(parser)`` adds. Returns
+    (args, the selected rows). A bad table or query exits with the usage error, before the
+    GPU is looked for; no CUDA GPU exits with status 2.
+    """
+    p = argparse.ArgumentParser(description=description)
+    if add_arguments is not None:
+        add_arguments(p)
+    p.add_argument("--workload", default="postnorm_split_n", help="a GEMM workload table (M, K, N)")
+    p.add_argument("--where", default=None, help="pandas query on the table's M, K, N columns")
+    p.add_argument("--out", type=Path, default=None, help="default: bench/results/<gpu>/")
+    args = p.parse_args()
+    try:
+        table = load_workload(args.workload, args.where)
+    except ValueError as err:
+        p.error(str(err))
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        raise SystemExit(2)
+    return args, table
 
 
 def run_meta(device: torch.device, ceilings: Ceilings, **extra: str) -> dict:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pandas as pd
+import pytest
+import torch
 
 from helion_kernels.benchmark import write_results
 
@@ -27,3 +30,22 @@ def test_write_results(tmp_path):
     assert "# stem on Some GPU" in md and "`helion-kernels bench --kernel rmsnorm_matmul`" in md and "| 65536 |" in md
     assert json.loads(paths[2].read_text())["gpu"] == "Some GPU"
     assert paths[3].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_workload_script_args(monkeypatch, capsys):
+    """The bench scripts' command line: a bad query is a usage error before the GPU check;
+    on a machine without CUDA a good one exits with status 2 and says why."""
+    from helion_kernels.benchmark import workload_script_args
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["script", "--where", "Q == 1"])
+    with pytest.raises(SystemExit) as err:
+        workload_script_args("test")
+    assert err.value.code == 2 and "bad --where expression" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["script", "--where", "N == 512", "--norm", "x"])
+    with pytest.raises(SystemExit) as err:
+        workload_script_args("test", lambda p: p.add_argument("--norm"))
+    assert err.value.code == 2 and "needs a CUDA GPU" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    args, table = workload_script_args("test", lambda p: p.add_argument("--norm"))
+    assert args.norm == "x" and set(table.N) == {512} and len(table) == 3
