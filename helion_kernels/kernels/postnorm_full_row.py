@@ -149,6 +149,13 @@ def _shared_memory_per_block(device: torch.device | str | None) -> int:
     return DEFAULT_SHARED_MEMORY_PER_BLOCK
 
 
+def _shared_memory_bytes(stages: int, tile_m: int, tile_k: int, npad: int, itemsize: int) -> int:
+    """Shared memory a full-row program is estimated to need: per pipeline stage an ``a`` tile
+    tile_m x tile_k and a ``b`` tile tile_k x Npad, plus the fp32 [tile_m, Npad] row tile
+    staged for the epilogue's layout change."""
+    return stages * (tile_m * tile_k + tile_k * npad) * itemsize + tile_m * npad * 4
+
+
 def max_full_row_n(dtype: torch.dtype, device: torch.device | str | None = None) -> int:
     """The largest N the full-row strategy accepts for inputs of ``dtype`` on ``device``.
 
@@ -171,12 +178,14 @@ def max_full_row_n(dtype: torch.dtype, device: torch.device | str | None = None)
     """
     smem = _shared_memory_per_block(device)
     item = torch.empty((), dtype=dtype).element_size()
-    fixed = _MIN_TILE_M * _MIN_TILE_K * item
-    per_column = _MIN_TILE_K * item + _MIN_TILE_M * 4
-    if fixed + per_column > smem:
+
+    def need(npad: int) -> int:
+        return _shared_memory_bytes(1, _MIN_TILE_M, _MIN_TILE_K, npad, item)
+
+    if need(1) > smem:
         raise ValueError(f"{smem} bytes of shared memory per block cannot hold even N = 1")
     npad = 1
-    while fixed + per_column * (2 * npad) <= smem:
+    while need(2 * npad) <= smem:
         npad *= 2
     return npad
 
@@ -336,8 +345,7 @@ def fit_shared_memory(config: helion.Config, args: tuple) -> helion.Config:
     A config tuned at a smaller N (the registry's nearest shape) can need more shared memory
     than the GPU has at this call's Npad: seen on the H200, a 64 x 64, 3-stage tiling tuned
     at 65536x256x256 asked for 417792 bytes at N = 1000. Estimated as in :func:`max_full_row_n`
-    (per stage an ``a`` tile tile_m x tile_k and a ``b`` tile tile_k x Npad, plus the fp32
-    [tile_m, Npad] epilogue tile), and reduced in this order until it fits: stages down to
+    (:func:`_shared_memory_bytes`), and reduced in this order until it fits: stages down to
     1, tile_k down to 16, tile_m down to 16 (which :func:`max_full_row_n` guarantees fits).
     """
     a, b = args[0], args[1]
@@ -346,12 +354,8 @@ def fit_shared_memory(config: helion.Config, args: tuple) -> helion.Config:
     smem = _shared_memory_per_block(a.device if a.is_cuda else None)
     _, tile_m, tile_k = config.block_sizes
     stages = config.num_stages
-
-    def need(stages: int, tile_m: int, tile_k: int) -> int:
-        return stages * (tile_m * tile_k + tile_k * npad) * item + tile_m * npad * 4
-
     fitted = (stages, tile_m, tile_k)
-    while need(*fitted) > smem and fitted != (1, _MIN_TILE_M, _MIN_TILE_K):
+    while _shared_memory_bytes(*fitted, npad, item) > smem and fitted != (1, _MIN_TILE_M, _MIN_TILE_K):
         s, m, k = fitted
         fitted = (s - 1, m, k) if s > 1 else (s, m, k // 2) if k > _MIN_TILE_K else (s, m // 2, k)
     if fitted == (stages, tile_m, tile_k):
