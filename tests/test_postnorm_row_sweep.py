@@ -16,37 +16,13 @@ from helion_kernels.kernels import postnorm_row_sweep as row_sweep
 from helion_kernels.kernels.spec import Shape
 from helion_kernels.verify import check_outputs
 
+from _postnorm_inputs import ln_reference_f64 as _ln_reference
+from _postnorm_inputs import norm_inputs as _inputs
+from _postnorm_inputs import rms_reference_f64 as _rms_reference
+
 pytestmark = pytest.mark.usefixtures("poisoned_empty")
 
 AFFINE = ["none", "weight", "weight_bias"]
-
-
-def _inputs(shape: Shape, dtype, device, seed: int, affine: str, large_mean: bool = False,
-            ramp: float = 0.0):
-    """(a, b, weight, bias, eps); with ``large_mean`` every output row has mean ~1e3 and
-    spread ~1 (``a[:, -1] = 1``, ``b[-1, :] = 1000``); ``ramp`` adds an integer column ramp
-    from -ramp to +ramp to every row, so that the N tiles' means differ by ~ramp."""
-    a, b, _, _, eps = row_sweep.SPEC_LAYERNORM.make_args(shape, dtype, device, seed)
-    if large_mean or ramp:
-        a[:, -1] = 1
-        # Integers: exact in TF32, which fp32 operands run on (a rounded 1e3 is off by ~0.5).
-        b[-1, :] = 1000 * large_mean + torch.round(ramp * torch.linspace(-1, 1, shape.N, device=device))
-    gen = torch.Generator().manual_seed(seed + 7)
-    weight = (1 + 0.5 * torch.randn(shape.N, generator=gen)).to(device=device, dtype=dtype)
-    bias = (0.5 * torch.randn(shape.N, generator=gen)).to(device=device, dtype=dtype)
-    return a, b, weight if "weight" in affine else None, bias if "bias" in affine else None, eps
-
-
-def _f64(t):
-    return None if t is None else t.double()
-
-
-def _ln_reference(a, b, weight, bias, eps):
-    return row_sweep.matmul_layernorm_reference(_f64(a), _f64(b), _f64(weight), _f64(bias), eps)
-
-
-def _rms_reference(a, b, weight, eps):
-    return row_sweep.matmul_rmsnorm_reference(_f64(a), _f64(b), _f64(weight), eps)
 
 
 # (LayerNorm kernel, RMSNorm kernel): the shipped pair and the last-tile-in-registers pair.

@@ -18,34 +18,14 @@ from helion_kernels.kernels import postnorm_split_n as split_n
 from helion_kernels.kernels.spec import Shape
 from helion_kernels.verify import check_outputs
 
+from _postnorm_inputs import ln_reference_f64 as _ln_reference
+from _postnorm_inputs import norm_inputs as _inputs
+from _postnorm_inputs import rms_reference_f64 as _rms_reference
+
 pytestmark = pytest.mark.usefixtures("poisoned_empty")
 
 SHAPES = [Shape(1, 64, 96), Shape(33, 100, 96), Shape(45, 48, 200), Shape(7, 1, 5)]
 LN_AFFINE = ["none", "weight", "weight_bias"]
-
-
-def _inputs(shape: Shape, dtype, device, seed: int, affine: str, large_mean: bool = False):
-    """(a, b, weight, bias, eps); with ``large_mean`` every output row has mean ~1e3 and
-    spread ~1 (``a[:, -1] = 1``, ``b[-1, :] = 1000``)."""
-    a, b, _, _, eps = split_n.SPEC_LAYERNORM.make_args(shape, dtype, device, seed)
-    if large_mean:
-        a[:, -1] = 1
-        b[-1, :] = 1000
-    gen = torch.Generator().manual_seed(seed + 7)
-    weight = (1 + 0.5 * torch.randn(shape.N, generator=gen)).to(device=device, dtype=dtype)
-    bias = (0.5 * torch.randn(shape.N, generator=gen)).to(device=device, dtype=dtype)
-    return a, b, weight if "weight" in affine else None, bias if "bias" in affine else None, eps
-
-
-def _ln_reference(a, b, weight, bias, eps):
-    def f64(t):
-        return None if t is None else t.double()
-    return split_n.matmul_layernorm_reference(f64(a), f64(b), f64(weight), f64(bias), eps)
-
-
-def _rms_reference(a, b, weight, eps):
-    return split_n.matmul_rmsnorm_reference(a.double(), b.double(),
-                                            None if weight is None else weight.double(), eps)
 
 
 @pytest.mark.ref_mode

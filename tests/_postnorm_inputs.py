@@ -1,0 +1,44 @@
+"""Inputs and float64 references shared by the post-norm GEMM tests (split-N, row sweep)."""
+
+from __future__ import annotations
+
+import torch
+
+from helion_kernels.kernels.postnorm_full_row import (
+    SPEC_LAYERNORM,
+    matmul_layernorm_reference,
+    matmul_rmsnorm_reference,
+)
+from helion_kernels.kernels.spec import Shape
+
+
+def norm_inputs(shape: Shape, dtype, device, seed: int, affine: str, large_mean: bool = False,
+                ramp: float = 0.0):
+    """(a, b, weight, bias, eps) for ``norm(a @ b)``; ``affine`` names which of weight and
+    bias are given ("none", "weight", "weight_bias"). With ``large_mean`` every output row
+    has mean ~1e3 and spread ~1 (``a[:, -1] = 1``, ``b[-1, :] = 1000``); ``ramp`` adds an
+    integer column ramp from -ramp to +ramp to every row, so that N tiles' means differ by
+    ~ramp."""
+    a, b, _, _, eps = SPEC_LAYERNORM.make_args(shape, dtype, device, seed)
+    if large_mean or ramp:
+        a[:, -1] = 1
+        # Integers: exact in TF32, which fp32 operands run on (a rounded 1e3 is off by ~0.5).
+        b[-1, :] = 1000 * large_mean + torch.round(ramp * torch.linspace(-1, 1, shape.N, device=device))
+    gen = torch.Generator().manual_seed(seed + 7)
+    weight = (1 + 0.5 * torch.randn(shape.N, generator=gen)).to(device=device, dtype=dtype)
+    bias = (0.5 * torch.randn(shape.N, generator=gen)).to(device=device, dtype=dtype)
+    return a, b, weight if "weight" in affine else None, bias if "bias" in affine else None, eps
+
+
+def _f64(t):
+    return None if t is None else t.double()
+
+
+def ln_reference_f64(a, b, weight, bias, eps):
+    """``layer_norm(a @ b)`` computed in float64: (y, mean, rstd)."""
+    return matmul_layernorm_reference(_f64(a), _f64(b), _f64(weight), _f64(bias), eps)
+
+
+def rms_reference_f64(a, b, weight, eps):
+    """``rms_norm(a @ b)`` computed in float64: (y, rstd)."""
+    return matmul_rmsnorm_reference(_f64(a), _f64(b), _f64(weight), eps)
