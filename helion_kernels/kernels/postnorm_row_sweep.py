@@ -52,6 +52,10 @@ __all__ = [
 ]
 
 
+# The GEMM loop and the LayerNorm tile statistics repeat those of .postnorm_split_n and
+# .postnorm_full_row, and the last-tile variants below repeat these kernels: Helion 1.5
+# inlines helper functions, but not ones that index or slice (``x[:, None]``,
+# ``weight[tile]``), so the shared pieces cannot be factored out yet.
 @helion.kernel(static_shapes=True)
 def matmul_layernorm_row_sweep_kernel(
     a: torch.Tensor,
