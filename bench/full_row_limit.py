@@ -16,13 +16,9 @@ import helion
 import pandas as pd
 import torch
 
-from helion_kernels.kernels.postnorm_full_row import (
-    DEFAULT_CONFIG,
-    SPEC_LAYERNORM,
-    matmul_layernorm_kernel,
-    max_full_row_n,
-)
-from helion_kernels.kernels.spec import Shape
+from helion_kernels.kernels.limits import max_full_row_n
+from helion_kernels.kernels.postnorm_full_row import DEFAULT_CONFIG, SPEC_LAYERNORM, matmul_layernorm_kernel
+from helion_kernels.spec import Shape
 from helion_kernels.timing import time_ms
 from helion_kernels.verify import check_outputs
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from helion_kernels import registry
-from helion_kernels.kernels.spec import Shape
+from helion_kernels.spec import Shape
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,11 +26,11 @@ ROOT = Path(__file__).resolve().parent.parent
 def _tile(entry: registry.Entry | None, fused: bool, n: int) -> str:
     if entry is None:
         return "default"
-    cfg = entry.config
-    bs = cfg.block_sizes
+    cfg = entry.config  # the config's JSON dict
+    bs = cfg["block_sizes"]
     npad = 1 << (int(n) - 1).bit_length()
     mnk = (bs[1], npad, bs[2]) if fused else tuple(bs)
-    return f"{mnk[0]}x{mnk[1]}x{mnk[2]} w{cfg.num_warps} s{cfg.num_stages}"
+    return f"{mnk[0]}x{mnk[1]}x{mnk[2]} w{cfg['num_warps']} s{cfg['num_stages']}"
 
 
 def main(gpu: str = "nvidia_h200_sm90") -> pd.DataFrame:
@@ -43,11 +43,11 @@ def main(gpu: str = "nvidia_h200_sm90") -> pd.DataFrame:
             for times in pd.read_csv(csv).to_dict("records"):
                 r = pd.Series(times)
                 shape = Shape(int(r.M), int(r.K), int(r.N))
-                fused = entries.get((*shape, r.dtype)) or registry.nearest_entry(entries, shape, r.dtype)
-                gemm = gemm_entries.get((*shape, r.dtype)) or registry.nearest_entry(gemm_entries, shape, r.dtype)
+                fused = entries.get((*shape, times["dtype"])) or registry.nearest_entry(entries, shape, times["dtype"])
+                gemm = gemm_entries.get((*shape, times["dtype"])) or registry.nearest_entry(gemm_entries, shape, times["dtype"])
                 npad = 1 << (int(r.N) - 1).bit_length()
-                tile_m = fused.config.block_sizes[1] if fused else 16
-                threads = 32 * (fused.config.num_warps if fused else 4)
+                tile_m = fused.config["block_sizes"][1] if fused else 16
+                threads = 32 * (fused.config["num_warps"] if fused else 4)
                 rows.append({
                     "kernel": kernel, "M": r.M, "K": r.K, "N": r.N,
                     "fused tile (m x Npad x k)": _tile(fused, True, r.N),

@@ -1,64 +1,86 @@
-"""Benchmark a kernel over a workload against the unfused alternatives a user has.
+"""Benchmark a kernel over a workload against the unfused alternatives a user has; generic
+over specs (GEMM-shaped and attention alike).
 
-Per shape (CUDA-graph replay, median, input sets rotated past the L2 cache): cuBLAS
-``a @ b``, the plain Helion GEMM tuned the same way, the standalone norm (inductor, and
-Liger when installed), cuBLAS + norm, and the fused kernel. Reported: latency saved as a
-percentage of the inductor norm's latency (the blog's metric, against the Helion GEMM;
-and against cuBLAS + inductor norm), speed-up over the best unfused pipeline, relative
-error against the fp32 reference (and whether repeated runs agree bit for bit; a failed
-check is recorded in the row's ``check`` column), and distance to the byte and FLOP
-floors at the ceilings measured in the same run. Results go to ``bench/results/<gpu>/`` as CSV,
-markdown and PNG.
+Per workload row (CUDA-graph replay, median, input sets rotated past the L2 cache): the
+fused kernel with its registry config, the plain Helion GEMM tuned the same way (for specs
+with a ``gemm_twin``), and every baseline of the spec (cuBLAS ``a @ b``, the standalone norm
+compiled by inductor and Liger's when installed, the complete unfused pipelines, or the
+unfused attention block eager and compiled). Reported: latency saved as a percentage of the
+inductor norm's latency (the blog's metric, against the Helion GEMM and against cuBLAS +
+inductor norm), speed-ups over each unfused pipeline and the best of them, relative error
+against the fp32 reference (and whether repeated runs agree bit for bit; a failed check is
+recorded in the row's ``check`` column), and distance to the byte and FLOP floors at the
+ceilings measured in the same run. Results go to ``bench/results/<gpu>/`` as CSV, markdown,
+JSON and PNG.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import importlib.metadata
 import json
 import shlex
 import sys
 from pathlib import Path
 
+import helion
 import pandas as pd
 import torch
+from helion.runtime.ref_mode import RefMode
 
-from . import ops, registry
+from . import registry, runtime
 from .kernels import get_spec
-from .kernels.spec import KernelSpec, Shape
+from .ops import use_fused
+from .spec import KernelSpec, Problem
 from .timing import Ceilings, input_copies, measure_ceilings, time_ms
-from .tuning import versions
-from .verify import VerificationError, verify_config
+from .tuning import tuning_problems, versions
+from .verify import VerificationError, check_outputs, verify_config
 from .workloads import load_workload
 
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
+# Where results are written and looked up: the checkout's bench/results (the current
+# directory's when the package is installed from a wheel).
+_CHECKOUT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = (_CHECKOUT if (_CHECKOUT / "bench").is_dir() else Path.cwd()) / "bench" / "results"
+
+SAVED_NOTE = ("`saved_vs_*_pct`: latency saved as % of the inductor norm's latency, "
+              "(t_gemm + t_norm - t_fused) / t_norm; 100% = the norm is free")
+SPEEDUP_NOTE = "`speedup_vs_*`: latency of the alternative / latency of the fused kernel"
 
 
-def bench_shape(
-    spec: KernelSpec, shape: Shape, dtype: torch.dtype, device: torch.device, ceilings: Ceilings
-) -> dict:
-    """One result row for ``shape``: times in ms, savings in %, floors in ms."""
-    torch._dynamo.reset()  # one fresh torch.compile per shape, no recompile limit
-    n_sets = input_copies(spec.min_bytes(shape, dtype), device)
-    arg_sets = [spec.make_args(shape, dtype, device, seed) for seed in range(n_sets)]
-    row: dict = {"M": shape.M, "K": shape.K, "N": shape.N, "dtype": registry.dtype_name(dtype)}
+def bench_problem(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
+                  ceilings: Ceilings) -> dict:
+    """One result row for ``problem``: times in ms, savings in %, speed-ups, floors in ms."""
+    torch._dynamo.reset()  # one fresh torch.compile per row, no recompile limit
+    n_sets = input_copies(spec.min_bytes(problem, dtype), device)
+    arg_sets = [spec.make_args(problem, dtype, device, seed) for seed in range(n_sets)]
+    row: dict = {**problem.columns(), "dtype": registry.dtype_name(dtype)}
 
-    row["config"] = ops.resolved_config(spec, arg_sets[0]).source
+    row["config"] = runtime.resolved_config(spec, arg_sets[0]).source
     try:  # a wrong kernel is reported in its row, and the other rows still run
-        row["rel_error"] = verify_config(lambda *a: ops.run(spec, a), spec, shape, dtype, device,
-                                         seed=n_sets, draws=1)
+        row["rel_error"] = verify_config(lambda *a: runtime.launch(spec, a), spec, problem, dtype,
+                                         device, seed=n_sets, draws=1)
         row["check"] = "ok"
     except VerificationError as err:
         row["rel_error"] = float("inf")
         row["check"] = f"FAILED: {err}"
 
-    times = {spec.name: time_ms([lambda a=a: ops.run(spec, a) for a in arg_sets])}
+    times = {spec.name: time_ms([functools.partial(runtime.launch, spec, a) for a in arg_sets])}
     if spec.gemm_twin is not None:
         twin = get_spec(spec.gemm_twin)
-        times[f"helion_{twin.name}"] = time_ms([lambda a=a: ops.run(twin, a[:2]) for a in arg_sets])
-        row[f"helion_{twin.name}_config"] = ops.resolved_config(twin, arg_sets[0][:2]).source
+        times[f"helion_{twin.name}"] = time_ms([functools.partial(runtime.launch, twin, a[:2]) for a in arg_sets])
+        row[f"helion_{twin.name}_config"] = runtime.resolved_config(twin, arg_sets[0][:2]).source
     baseline_sets = [spec.baselines(*a) for a in arg_sets]
+    if spec.checked_baselines:
+        ref = spec.reference(*arg_sets[0])
+        for name in spec.checked_baselines:
+            try:
+                check_outputs(baseline_sets[0][name](), ref, dtype)
+                row[f"{name}_check"] = "ok"
+            except AssertionError as err:
+                row[f"{name}_check"] = f"FAILED: {err}"
+        del ref
     for name in baseline_sets[0]:
         times[name] = time_ms([b[name] for b in baseline_sets])
     row.update({f"{k}_ms": v for k, v in times.items()})
@@ -71,35 +93,36 @@ def bench_shape(
             row["saved_vs_helion_gemm_pct"] = 100 * (gemm + norm - fused) / norm
         if "cublas+inductor_norm" in times:
             row["saved_vs_cublas_inductor_pct"] = 100 * (times["cublas+inductor_norm"] - fused) / norm
-    unfused = [times[n] for n in spec.unfused_baselines if n in times]
+    unfused = {n: times[n] for n in spec.unfused_baselines if n in times}
+    for name, t in unfused.items():
+        row[f"speedup_vs_{name}"] = t / fused
     if unfused:
-        row["speedup_vs_best_unfused"] = min(unfused) / fused
+        row["speedup_vs_best_unfused"] = min(unfused.values()) / fused
     if spec.dispatch_baseline is not None:
-        # What the public function runs at this shape: the registry's recorded choice.
-        chosen = ops.use_fused(spec, arg_sets[0])
+        # What the public op runs at this shape: the registry's recorded choice.
+        chosen = use_fused(spec, arg_sets[0])
         row["dispatch"] = "fused" if chosen else "unfused"
         row["dispatched_ms"] = fused if chosen else times[spec.dispatch_baseline]
         if unfused:
-            row["dispatched_speedup_vs_best_unfused"] = min(unfused) / row["dispatched_ms"]
-    row["vs_cublas_mm"] = fused / times["cublas_mm"]
-    row["byte_floor_ms"] = spec.min_bytes(shape, dtype) / (ceilings.bandwidth_gbps * 1e9) * 1e3
-    row["flop_floor_ms"] = spec.flops(shape) / (ceilings.bf16_tflops * 1e12) * 1e3
+            row["dispatched_speedup_vs_best_unfused"] = min(unfused.values()) / row["dispatched_ms"]
+    if "cublas_mm" in times:
+        row["vs_cublas_mm"] = fused / times["cublas_mm"]
+    row["byte_floor_ms"] = spec.min_bytes(problem, dtype) / (ceilings.bandwidth_gbps * 1e9) * 1e3
+    row["flop_floor_ms"] = spec.flops(problem) / (ceilings.bf16_tflops * 1e12) * 1e3
     row["fused_over_floor"] = fused / max(row["byte_floor_ms"], row["flop_floor_ms"])
     return row
 
 
-def run_benchmark(
-    spec: KernelSpec, shapes: list[Shape], dtype: torch.dtype, device: torch.device
-) -> tuple[pd.DataFrame, dict]:
-    """Benchmark every shape with a progress bar; returns the table and its metadata."""
+def run_benchmark(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype, device: torch.device
+                  ) -> tuple[pd.DataFrame, dict]:
+    """Benchmark every problem with a progress bar; returns the table and its metadata."""
     from rich.progress import track
 
     ceilings = measure_ceilings(device)
-    rows = [
-        bench_shape(spec, s, dtype, device, ceilings)
-        for s in track(shapes, description=f"bench {spec.name}", transient=True)
-    ]
-    return pd.DataFrame(rows), run_meta(device, ceilings)
+    rows = [bench_problem(spec, p, dtype, device, ceilings)
+            for p in track(problems, description=f"bench {spec.name}", transient=True)]
+    return pd.DataFrame(rows), run_meta(device, ceilings, kernel=spec.name,
+                                        relative_to=spec.plot_relative_to, aim=spec.aim)
 
 
 def workload_script_args(description: str, add_arguments=None) -> tuple[argparse.Namespace, pd.DataFrame]:
@@ -127,9 +150,9 @@ def workload_script_args(description: str, add_arguments=None) -> tuple[argparse
     return args, table
 
 
-def run_meta(device: torch.device, ceilings: Ceilings, **extra: str) -> dict:
+def run_meta(device: torch.device, ceilings: Ceilings, **extra) -> dict:
     """Provenance of a benchmark run: GPU, date, the command, versions, measured ceilings,
-    how it was timed, and ``extra`` lines (e.g. ``inputs``, ``baselines``)."""
+    how it was timed, and ``extra`` entries (e.g. ``inputs``, ``baselines``, ``kernel``)."""
     return {
         "gpu": torch.cuda.get_device_name(device),
         "gpu_key": registry.gpu_key(device),
@@ -150,12 +173,8 @@ def _version(pkg: str) -> str:
         return "absent"
 
 
-SAVED_NOTE = ("`saved_vs_*_pct`: latency saved as % of the inductor norm's latency, "
-              "(t_gemm + t_norm - t_fused) / t_norm; 100% = the norm is free")
-
-
 def write_results(df: pd.DataFrame, meta: dict, out_dir: Path, stem: str, plot_fn=None,
-                  notes: tuple[str, ...] = (SAVED_NOTE,)) -> list[Path]:
+                  notes: tuple[str, ...] = (SAVED_NOTE, SPEEDUP_NOTE)) -> list[Path]:
     """``<stem>.csv``, ``<stem>.md`` (table + provenance + ``notes``), ``<stem>.json`` and
     ``<stem>.png`` (drawn by ``plot_fn(df, meta, path)``, default :func:`plot`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -183,27 +202,38 @@ def write_results(df: pd.DataFrame, meta: dict, out_dir: Path, stem: str, plot_f
     return paths
 
 
+def row_labels(df: pd.DataFrame) -> list[str]:
+    """One label per result row: ``MxKxN``, or ``H<h> q<=<max_seq_len_q>`` for attention."""
+    if {"M", "K", "N"} <= set(df.columns):
+        return [f"{r.M}x{r.K}x{r.N}" for r in df.itertuples()]
+    return [f"H{r.H} q<={r.max_seq_len_q}" for r in df.itertuples()]
+
+
 def plot(df: pd.DataFrame, meta: dict, path: Path) -> None:
-    """Latency relative to cuBLAS ``a @ b`` per shape, and % of the norm's latency saved."""
+    """Latency relative to ``meta["relative_to"]`` (default cuBLAS ``a @ b``) per row, and
+    below it the % of the norm's latency saved (when measured) or the speed-up over the best
+    unfused pipeline with ``meta["aim"]``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r.M}x{r.K}x{r.N}" for r in df.itertuples()]
+    labels = row_labels(df)
+    relative_to = meta.get("relative_to") or "cublas_mm"
     time_cols = [c for c in df.columns if c.endswith("_ms") and "floor" not in c]
     saved_cols = [c for c in df.columns if c.startswith("saved_")]
-    fig, axes = plt.subplots(2 if saved_cols else 1, 1, figsize=(max(8, len(df) * 0.9), 9 if saved_cols else 5),
+    second = bool(saved_cols) or "speedup_vs_best_unfused" in df.columns
+    fig, axes = plt.subplots(2 if second else 1, 1, figsize=(max(8, len(df) * 0.9), 9 if second else 5),
                              squeeze=False)
-    rel = df[time_cols].div(df["cublas_mm_ms"], axis=0)
+    rel = df[time_cols].div(df[f"{relative_to}_ms"], axis=0)
     rel.columns = [c.removesuffix("_ms") for c in time_cols]
     rel.index = labels
     rel.plot.bar(ax=axes[0, 0], width=0.85)
     axes[0, 0].axhline(1.0, color="k", lw=0.8, ls="--")
     axes[0, 0].set_ylim(0, rel.to_numpy().max() * 1.35)  # headroom for the legend
     axes[0, 0].legend(ncol=4, fontsize=8, loc="upper left")
-    axes[0, 0].set_ylabel("latency / cuBLAS a@b")
-    axes[0, 0].set_title(f"{meta['gpu']}: latency relative to cuBLAS GEMM (lower is better)")
+    axes[0, 0].set_ylabel(f"latency / {relative_to}")
+    axes[0, 0].set_title(f"{meta['gpu']}: latency relative to {relative_to} (lower is better)")
     if saved_cols:
         saved = df[saved_cols].copy()
         saved.index = labels
@@ -212,19 +242,25 @@ def plot(df: pd.DataFrame, meta: dict, path: Path) -> None:
         axes[1, 0].set_ylabel("% of inductor norm latency saved")
         axes[1, 0].set_title("latency saved (higher is better)")
         axes[1, 0].legend(fontsize=8)
+    elif second:
+        aim = meta.get("aim")
+        aim_bars(axes[1, 0], df["speedup_vs_best_unfused"], labels, aim,
+                 f"aim: {aim}x" if aim else None, "speed-up over the best unfused", baseline=1.0)
     finish_plot(fig, axes[:, 0], path)
 
 
-def aim_bars(ax, values: pd.Series, labels: list[str], aim: float, aim_label: str, ylabel: str,
-             baseline: float) -> None:
-    """Bar chart of one metric per row with its aim (red, dashed) and ``baseline`` (black)."""
+def aim_bars(ax, values: pd.Series, labels: list[str], aim: float | None, aim_label: str | None,
+             ylabel: str, baseline: float) -> None:
+    """Bar chart of one metric per row with its aim (red, dashed; None: no aim) and
+    ``baseline`` (black)."""
     shown = values.to_frame()
     shown.index = labels
     shown.plot.bar(ax=ax, width=0.6, legend=False)
-    ax.axhline(aim, color="r", lw=0.8, ls="--", label=aim_label)
+    if aim is not None:
+        ax.axhline(aim, color="r", lw=0.8, ls="--", label=aim_label)
+        ax.legend(fontsize=8)
     ax.axhline(baseline, color="k", lw=0.8)
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=8)
 
 
 def finish_plot(fig, axes, path: Path) -> None:
@@ -242,43 +278,34 @@ def finish_plot(fig, axes, path: Path) -> None:
 
 def codegen_status(kernel, args: tuple, config) -> str:
     """"ok" if ``kernel`` generates Triton code for ``config`` at ``args`` on this machine,
-    else "FAILED: ..." (a health check: it reports, it does not raise)."""
-    import helion
-
+    else "FAILED: ..." (a health check: it reports, it does not raise). Keys only a CUDA
+    device accepts (e.g. host_tensor_descriptors on sm_90) are left out for the CPU."""
     try:
         bound = kernel.bind(args)
-        # Keys only a CUDA device accepts (e.g. host_tensor_descriptors on sm_90) cannot be
-        # generated for the CPU: drop them and say so.
         gpu_only = bound.config_spec.unsupported_config_keys(config.config)
         bound.to_triton_code(helion.Config(**{k: v for k, v in config.config.items() if k not in gpu_only}))
-        return "ok" + (f" (without GPU-only {', '.join(gpu_only)})" if gpu_only else "")
+        return "ok"
     except Exception as err:  # report, do not stop
-        return f"FAILED: {type(err).__name__}: {err}"[:120]
+        return f"FAILED: {type(err).__name__}: {err}"
 
 
-def cpu_report(spec: KernelSpec, shapes: list[Shape], dtype: torch.dtype) -> pd.DataFrame:
-    """What can be shown without a GPU: per shape and registered GPU, the config a call
-    would run with, checked to compile to Triton for that exact shape with this Helion."""
-    import helion
-    from helion.runtime.ref_mode import RefMode
-
+def cpu_report(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype) -> pd.DataFrame:
+    """What can be shown without a GPU: per registry key of ``problems`` and per GPU in the
+    registry, the config a call would run with (:func:`~.registry.lookup`), checked to
+    generate Triton code for that problem with the installed Helion."""
     # Code generation is what is checked, also when HELION_INTERPRET=1 is set.
-    kernel = helion.kernel(spec.kernel.fn, static_shapes=True, ref_mode=RefMode.OFF)
-    rows = []
+    kernel = helion.kernel(spec.kernel.fn, static_shapes=spec.kernel.settings.static_shapes, ref_mode=RefMode.OFF)
     name = registry.dtype_name(dtype)
+    rows = []
     for gpu in registry.known_gpus() or ["(none)"]:
-        entries = registry.entries_for(spec.name, gpu) if gpu != "(none)" else {}
-        for shape in shapes:
-            exact = entries.get((*shape, name))
-            entry = exact or registry.nearest_entry(entries, shape, name)
-            config = entry.config if entry else spec.default_config
-            args = spec.make_args(shape, dtype, "cpu", None)  # uninitialised: codegen only
-            codegen = codegen_status(kernel, args, config)
+        for key, problem in tuning_problems(spec, problems).items():
+            args = spec.make_args(problem.for_codegen(), dtype, "cpu", None)  # uninitialised: codegen only
+            found = registry.lookup(spec.name, key, name, gpu, warn=False)
+            resolved = runtime.resolve_entry(spec, found, args)
             rows.append({
-                "gpu": gpu, "M": shape.M, "K": shape.K, "N": shape.N, "dtype": name,
-                "config": "exact" if exact else ("nearest " + str(entry.shape) if entry else "default"),
-                "registry_latency_ms": entry.meta.get("latency_ms") if exact else None,
-                "triton_codegen": codegen,
+                "gpu": gpu, **key._asdict(), "dtype": name, "config": found.source,
+                "tuned_at": "" if found.entry is None else str(found.entry.shape),
+                "tuned_ms": found.entry.meta.get("latency_ms") if found.source == "exact" else None,
+                "codegen": codegen_status(kernel, args, resolved),
             })
     return pd.DataFrame(rows)
-

@@ -1,11 +1,20 @@
-"""The committed config registry: the best Helion config per GPU kind, kernel and shape.
+"""The config registry: the best Helion config per GPU kind, kernel and shape.
 
-Layout: ``configs/<gpu>/<kernel>.json``, where ``<gpu>`` is :func:`gpu_key` (device name
-and compute capability, e.g. ``nvidia_h200_sm90``). A file holds one entry per
-(M, K, N, dtype) for the GEMM-shaped kernels, or per (H, D, dtype) for the jagged attention
-kernels (:class:`~.kernels.spec.AttentionShape`): the Helion config
-(``helion.Config.to_json`` form) and what it was measured at (latency, relative error,
-versions, date, tuning settings).
+Two layers, searched user first:
+
+* the **user registry**, ``$HELION_KERNELS_CONFIG_DIR`` (default
+  ``~/.cache/helion-kernels/configs``): where ``helion-kernels autotune`` writes. To update
+  the registry committed in a checkout, point the variable at its ``configs/`` folder.
+* the **shipped registry**, the configs measured by this project, installed with the
+  package (``helion_kernels/_configs`` in a wheel; the checkout's ``configs/`` folder when
+  run from a source tree). Never written by the package.
+
+Layout of both: ``<root>/<gpu>/<kernel>.json``, where ``<gpu>`` is :func:`gpu_key` (device
+name and compute capability, e.g. ``nvidia_h200_sm90``) and ``<kernel>`` the public op's
+name. A file holds one entry per (M, K, N, dtype) for the GEMM-shaped kernels, or per
+(H, D, dtype) for the jagged attention kernels: the Helion config (as ``helion.Config``'s
+JSON dict) and what it was measured at (latency, relative error, versions, date, tuning
+settings). An entry of the user registry replaces the shipped entry of the same key.
 
 Guarantees:
 
@@ -14,15 +23,21 @@ Guarantees:
 * A corrupt or half-written file raises :class:`RegistryError` naming the file, and is
   never overwritten: fix or remove it by hand; nothing else is lost.
 
-Lookup rule for a shape that was not tuned (:func:`nearest_entry`): among the entries of
-the same dtype (else of a dtype with the same element size, e.g. fp16 for bf16; never one
-of another size, whose tiles would need other amounts of shared memory), take the one with
-the smallest
-``|log2(M/M')| + |log2(K/K')| + |log2(N/N')|`` (likewise over H and D); ties go to the
-larger tuned shape. The
-caller gets a :class:`ConfigFallbackWarning`. With no such entry for the GPU, the kernel's
-conservative default config is used, also with a warning. Nothing ever starts an
-autotuning run inside a user's call.
+Lookup (:func:`lookup`) for a call at a key, dtype and GPU:
+
+1. **exact**: an entry of the GPU (either layer) at the key and dtype;
+2. **nearest**: among the GPU's entries of the same dtype (else of a dtype with the same
+   element size, e.g. fp16 for bf16; never one of another size, whose tiles would need
+   other amounts of shared memory), the one with the smallest
+   ``|log2(M/M')| + |log2(K/K')| + |log2(N/N')|`` (likewise over H and D), ties to the
+   larger shape. A GPU with no entries of its own for the kernel uses those of another GPU
+   of the same architecture (``..._sm90``), always as *nearest*, so the caller still fits
+   the config to its device;
+3. **default**: the kernel's conservative default config.
+
+Cases 2 and 3 warn with :class:`ConfigFallbackWarning`, naming the ``autotune`` command for
+the shape. Nothing ever starts an autotuning run inside a user's call. This module imports
+neither Helion nor the kernels: configs stay JSON dicts here.
 """
 
 from __future__ import annotations
@@ -37,15 +52,16 @@ import warnings
 from pathlib import Path
 
 import filelock
-import helion
 import torch
 
-from .kernels.spec import AttentionShape, Shape
+from .spec import AttentionShape, Shape
 
 KEY_TYPES = (Shape, AttentionShape)
-
 FORMAT_VERSION = 1
 ENV_CONFIG_DIR = "HELION_KERNELS_CONFIG_DIR"
+WORKLOAD_FOLDERS = ("workloads", "attention_workloads")
+
+_PACKAGE = Path(__file__).resolve().parent
 
 
 class RegistryError(RuntimeError):
@@ -53,17 +69,31 @@ class RegistryError(RuntimeError):
 
 
 class ConfigFallbackWarning(UserWarning):
-    """A call runs with a config tuned for another shape, or with the default config."""
+    """A call runs with a config tuned for another shape or GPU, or with the default config."""
+
+
+def _config_dict(config) -> dict:
+    """A config as its JSON dict: a ``helion.Config`` (anything with ``to_json``) or a dict."""
+    if hasattr(config, "to_json"):
+        return json.loads(config.to_json())
+    return dict(config)
 
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    """One tuned config: the shape and dtype it was tuned at, and what it measured."""
+    """One tuned config: the key (shape) and dtype it was tuned at, and what it measured.
+
+    ``config`` is the config's JSON dict (a ``helion.Config`` passed in is converted);
+    ``helion.Config(**entry.config)`` rebuilds it.
+    """
 
     shape: Shape | AttentionShape
     dtype: str
-    config: helion.Config
+    config: dict
     meta: dict = dataclasses.field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "config", _config_dict(self.config))
 
     @property
     def key(self) -> tuple:
@@ -71,12 +101,7 @@ class Entry:
         return (*self.shape, self.dtype)
 
     def to_json(self) -> dict:
-        return {
-            **self.shape._asdict(),
-            "dtype": self.dtype,
-            "config": json.loads(self.config.to_json()),
-            **self.meta,
-        }
+        return {**self.shape._asdict(), "dtype": self.dtype, "config": self.config, **self.meta}
 
     @classmethod
     def from_json(cls, obj: dict) -> "Entry":
@@ -87,21 +112,19 @@ class Entry:
         shape = key_type(*(int(obj[f]) for f in key_type._fields))
         if min(shape) <= 0:
             raise ValueError(f"entry {shape}: {', '.join(key_type._fields)} must be positive")
-        return cls(
-            shape=shape,
-            dtype=str(obj["dtype"]),
-            config=helion.Config.from_json(json.dumps(obj["config"])),
-            meta=meta,
-        )
+        if not isinstance(obj["config"], dict):
+            raise ValueError(f"entry {shape}: config must be a JSON object")
+        return cls(shape=shape, dtype=str(obj["dtype"]), config=obj["config"], meta=meta)
 
 
 @dataclasses.dataclass(frozen=True)
-class Resolved:
-    """The config a call will run with, and where it came from."""
+class Lookup:
+    """Where a call's config comes from: ``source`` is "exact", "nearest" or "default";
+    ``entry`` is None for "default"; ``gpu`` is the GPU the entry was tuned on."""
 
-    config: helion.Config
-    source: str  # "exact", "nearest" or "default"
+    source: str
     entry: Entry | None
+    gpu: str | None = None
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -120,22 +143,48 @@ def gpu_key(device: torch.device | str | int | None = None) -> str:
     return f"{slug}_sm{major}{minor}"
 
 
-def config_dir() -> Path:
-    """``$HELION_KERNELS_CONFIG_DIR``, else the repository's ``configs/`` folder."""
+def _architecture(gpu: str) -> str | None:
+    """``nvidia_h200_sm90`` -> ``sm90``; None for a key without one (``cpu``)."""
+    match = re.search(r"_(sm\d+)$", gpu)
+    return match.group(1) if match else None
+
+
+def shipped_dir() -> Path:
+    """The shipped registry: ``helion_kernels/_configs`` in an installed wheel, else the
+    source checkout's ``configs/`` folder (editable installs, ``PYTHONPATH`` runs)."""
+    installed = _PACKAGE / "_configs"
+    return installed if installed.is_dir() else _PACKAGE.parent / "configs"
+
+
+def user_dir() -> Path:
+    """The user registry: ``$HELION_KERNELS_CONFIG_DIR``, else ``~/.cache/helion-kernels/configs``
+    (under ``$XDG_CACHE_HOME`` when set)."""
     env = os.environ.get(ENV_CONFIG_DIR)
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "configs"
+    if env:
+        return Path(env)
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(cache) / "helion-kernels" / "configs"
+
+
+def _roots() -> list[Path]:
+    """Registry roots in search order (the user's first), without repeats."""
+    roots: list[Path] = []
+    for root in (user_dir(), shipped_dir()):
+        if root.resolve() not in [r.resolve() for r in roots]:
+            roots.append(root)
+    return roots
 
 
 def registry_path(kernel: str, gpu: str) -> Path:
-    return config_dir() / gpu / f"{kernel}.json"
+    """Where :func:`save_entry` writes ``kernel``'s entries for ``gpu`` (the user registry)."""
+    return user_dir() / gpu / f"{kernel}.json"
 
 
 def known_gpus() -> list[str]:
-    """GPU keys that have at least one registry file."""
-    root = config_dir()
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and any(p.glob("*.json")))
+    """GPU keys that have at least one registry file, in either layer."""
+    found = {p.name for root in _roots() if root.is_dir() for p in root.iterdir()
+             if p.is_dir() and p.name not in WORKLOAD_FOLDERS and any(p.glob("*.json"))}
+    return sorted(found)
 
 
 def load_entries(path: Path) -> dict[tuple, Entry]:
@@ -161,8 +210,8 @@ def _load(path: Path) -> tuple[dict, dict[tuple, Entry]]:
     except (ValueError, KeyError, TypeError, AttributeError) as err:  # UnicodeDecodeError too
         raise RegistryError(
             f"registry file {path} is corrupt or incomplete ({type(err).__name__}: {err}). "
-            "It was left untouched; fix or remove it (for a committed registry, "
-            "`git checkout` restores the committed version)."
+            "It was left untouched; fix or remove it (for the registry committed in a "
+            "checkout, `git checkout` restores the committed version)."
         ) from err
     return doc, {e.key: e for e in entries}
 
@@ -171,14 +220,12 @@ def _load(path: Path) -> tuple[dict, dict[tuple, Entry]]:
 _CACHE: dict[Path, tuple[tuple[int, int], dict[tuple, Entry]]] = {}
 
 
-def entries_for(kernel: str, gpu: str) -> dict[tuple, Entry]:
-    """Cached :func:`load_entries` of ``registry_path(kernel, gpu)``."""
-    path = registry_path(kernel, gpu)
+def _cached_entries(path: Path) -> dict[tuple, Entry]:
     try:
         st = path.stat()
-        stamp = (st.st_mtime_ns, st.st_size)
     except FileNotFoundError:
         return {}
+    stamp = (st.st_mtime_ns, st.st_size)
     hit = _CACHE.get(path)
     if hit is None or hit[0] != stamp:
         hit = (stamp, load_entries(path))
@@ -186,8 +233,31 @@ def entries_for(kernel: str, gpu: str) -> dict[tuple, Entry]:
     return hit[1]
 
 
+def entries_for(kernel: str, gpu: str) -> dict[tuple, Entry]:
+    """The entries of ``kernel`` for ``gpu``, both layers merged (user entries win)."""
+    merged: dict[tuple, Entry] = {}
+    for root in reversed(_roots()):  # shipped first, then the user's over it
+        merged.update(_cached_entries(root / gpu / f"{kernel}.json"))
+    return merged
+
+
+def _same_architecture(kernel: str, gpu: str) -> tuple[str, dict[tuple, Entry]] | None:
+    """Another GPU of ``gpu``'s architecture with entries for ``kernel`` (the one with the
+    most; ties by name), and those entries; None if there is none."""
+    arch = _architecture(gpu)
+    if arch is None:
+        return None
+    candidates = [(g, entries_for(kernel, g)) for g in known_gpus()
+                  if g != gpu and _architecture(g) == arch]
+    candidates = [(g, e) for g, e in candidates if e]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda ge: (-len(ge[1]), ge[0]))
+
+
 def save_entry(kernel: str, gpu: str, entry: Entry, gpu_name: str | None = None) -> Path:
-    """Insert or replace one entry, atomically, keeping every other entry of the file.
+    """Insert or replace one entry of the user registry, atomically, keeping every other
+    entry of the file.
 
     Raises:
         RegistryError: the existing file is corrupt; nothing is written.
@@ -200,7 +270,7 @@ def save_entry(kernel: str, gpu: str, entry: Entry, gpu_name: str | None = None)
 
 
 def remove_entry(kernel: str, gpu: str, key: tuple) -> Path:
-    """Drop the entry of ``key`` (:attr:`Entry.key`), e.g. a config found to give wrong results.
+    """Drop the user registry's entry of ``key`` (:attr:`Entry.key`).
 
     Raises:
         KeyError: no such entry.
@@ -214,7 +284,7 @@ def remove_entry(kernel: str, gpu: str, key: tuple) -> Path:
 
 
 def _update(kernel: str, gpu: str, change, gpu_name: str | None) -> Path:
-    """Read, change and atomically rewrite one registry file under its lock."""
+    """Read, change and atomically rewrite one user registry file under its lock."""
     path = registry_path(kernel, gpu)
     path.parent.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(path) + ".lock"):
@@ -225,10 +295,7 @@ def _update(kernel: str, gpu: str, change, gpu_name: str | None) -> Path:
             "format": FORMAT_VERSION,
             "kernel": kernel,
             "gpu": gpu_name or gpu,
-            "entries": [
-                entries[k].to_json()
-                for k in sorted(entries, key=lambda k: (k[-1], *k[:-1]))
-            ],
+            "entries": [entries[k].to_json() for k in sorted(entries, key=lambda k: (k[-1], *k[:-1]))],
         }
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
@@ -275,34 +342,32 @@ def tune_command(kernel: str, shape: Shape | AttentionShape, dtype: str) -> str:
     return f"helion-kernels autotune --kernel {kernel} --shape {shape.M},{shape.K},{shape.N} --dtype {dtype}"
 
 
-def resolve(
-    kernel: str, default: helion.Config, shape: Shape | AttentionShape, dtype: torch.dtype, gpu: str
-) -> Resolved:
-    """The config a call of ``kernel`` at ``shape``/``dtype`` on ``gpu`` runs with.
-
-    Warns with :class:`ConfigFallbackWarning` unless the exact shape was tuned.
-    """
-    name = dtype_name(dtype)
-    entries = entries_for(kernel, gpu)
+def lookup(kernel: str, shape: Shape | AttentionShape, dtype: torch.dtype | str, gpu: str,
+           warn: bool = True) -> Lookup:
+    """The entry a call of ``kernel`` at ``shape``/``dtype`` on ``gpu`` runs with (see the
+    module docstring), warning with :class:`ConfigFallbackWarning` unless it is exact."""
+    name = dtype if isinstance(dtype, str) else dtype_name(dtype)
+    entries, tuned_on = entries_for(kernel, gpu), gpu
+    if not entries and (sibling := _same_architecture(kernel, gpu)) is not None:
+        tuned_on, entries = sibling
     exact = entries.get((*shape, name))
-    if exact is not None:
-        return Resolved(exact.config, "exact", exact)
-    near = nearest_entry(entries, shape, name)
+    if exact is not None and tuned_on == gpu:
+        return Lookup("exact", exact, gpu)
+    near = exact or nearest_entry(entries, shape, name)
     if near is not None:
+        if warn:
+            where = "" if tuned_on == gpu else f" on {tuned_on} (same architecture)"
+            warnings.warn(
+                f"{kernel}: no config tuned for {shape} {name} on {gpu}; using the one tuned "
+                f"for {near.shape} {near.dtype}{where}. Tune this shape with: "
+                f"{tune_command(kernel, shape, name)}",
+                ConfigFallbackWarning, stacklevel=3)
+        return Lookup("nearest", near, tuned_on)
+    if warn:
+        what = f"no config for {name} or a dtype of its size" if entries else "no config"
         warnings.warn(
-            f"{kernel}: no config tuned for {shape} {name} on {gpu}; using the one tuned "
-            f"for {near.shape} {near.dtype}. Tune this shape with: {tune_command(kernel, shape, name)}",
-            ConfigFallbackWarning,
-            stacklevel=3,
-        )
-        return Resolved(near.config, "nearest", near)
-    what = (f"no config for {name} or a dtype of its size" if entries
-            else "no config")
-    warnings.warn(
-        f"{kernel}: the registry has {what} for {gpu} ({registry_path(kernel, gpu)}); "
-        f"using the conservative default config, which can be several times slower. Tune "
-        f"with: {tune_command(kernel, shape, name)}",
-        ConfigFallbackWarning,
-        stacklevel=3,
-    )
-    return Resolved(default, "default", None)
+            f"{kernel}: the registry has {what} for {gpu}; using the conservative default "
+            f"config, which can be several times slower. Tune with: "
+            f"{tune_command(kernel, shape, name)}",
+            ConfigFallbackWarning, stacklevel=3)
+    return Lookup("default", None)

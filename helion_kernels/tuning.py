@@ -1,15 +1,17 @@
-"""Autotuning one shape or a workload sweep, verifying each config before it is saved.
+"""Autotuning a workload sweep, verifying each config before it is saved; generic over specs.
 
-Per shape: Helion's autotuner (``autotune_effort`` and ``autotune_budget_seconds`` bound
-the time; the search is seeded with the nearest registered shape's config and the spec's
-hand-picked tilings; every candidate is checked against the fp32 reference), then the
-winning config is checked again (:func:`~.verify.verify_config`: several fresh random
-draws, and bitwise-identical repeated runs), timed by CUDA-graph replay, and written to the
-registry. For a kernel with a ``dispatch_baseline`` (the full-row post-norms) the unfused
-pipeline is timed too and the faster of the two is recorded in the entry, which is what
-the public function then runs. Helion's own cache (``HELION_CACHE_DIR``, the repository's ``autotune_cache/``
-when run from the CLI) makes an interrupted sweep resume cheaply; shapes already in the
-registry are skipped unless ``force``.
+Per registry key (a GEMM shape, or an attention (H, D) tuned on its workload row with the
+most FLOPs, i.e. the longest sequences): Helion's autotuner (``autotune_effort`` and
+``autotune_budget_seconds`` bound the time; the search is seeded with the nearest
+registered key's config and the spec's hand-picked tilings; every candidate is checked
+against the fp32 reference), then the winning config is checked again
+(:func:`~.verify.verify_config`: several fresh random draws, and bitwise-identical repeated
+runs), timed by CUDA-graph replay and written to the user registry
+(:func:`~.registry.registry_path`). For a kernel with a ``dispatch_baseline`` (the full-row
+post-norms) the unfused pipeline is timed too and the faster of the two is recorded in the
+entry, which is what the public op then runs. Helion's own cache (``HELION_CACHE_DIR``)
+makes an interrupted sweep resume cheaply; keys already in the registry are skipped unless
+``force``.
 """
 
 from __future__ import annotations
@@ -19,13 +21,12 @@ import datetime
 import functools
 import importlib.metadata
 import time
-from typing import Iterable
 
 import helion
 import torch
 
 from . import registry
-from .kernels.spec import KernelSpec, Shape
+from .spec import KernelSpec, Problem
 from .timing import time_ms
 from .verify import check_outputs, verify_config
 
@@ -50,7 +51,7 @@ class TuneOptions:
 
 @dataclasses.dataclass(frozen=True)
 class TuneResult:
-    shape: Shape
+    key: object  # the registry key: Shape or AttentionShape
     status: str  # "tuned", "skipped" or "failed"
     seconds: float
     message: str
@@ -68,33 +69,44 @@ def versions() -> dict[str, str]:
     return out
 
 
-def tune_shape(
+def tuning_problems(spec: KernelSpec, problems: list[Problem]) -> dict:
+    """Per registry key of ``problems``, the one to tune it on: the one with the most FLOPs
+    (a GEMM shape is its own key; an attention (H, D) is tuned on its longest sequences)."""
+    picked: dict = {}
+    for problem in problems:
+        best = picked.get(problem.key)
+        if best is None or spec.flops(problem) > spec.flops(best):
+            picked[problem.key] = problem
+    return picked
+
+
+def tune_problem(
     spec: KernelSpec,
-    shape: Shape,
+    problem: Problem,
     dtype: torch.dtype,
     options: TuneOptions,
     device: torch.device,
     progress_bar: bool = True,
 ) -> TuneResult:
-    """Tune ``spec`` at ``shape``/``dtype`` on ``device`` and save the verified config.
+    """Tune ``spec`` for ``problem``'s registry key on ``device`` and save the verified config.
 
     Raises:
+        ValueError: ``device`` is not a CUDA device.
         VerificationError: the winning config fails :func:`verify_config` (a fresh draw
             off the fp32 reference, or repeated runs that differ); nothing is saved.
     """
     if device.type != "cuda":
         raise ValueError(f"autotuning needs a CUDA device, got {device}")
-    gpu = registry.gpu_key(device)
-    name = registry.dtype_name(dtype)
+    key, gpu, name = problem.key, registry.gpu_key(device), registry.dtype_name(dtype)
     entries = registry.entries_for(spec.name, gpu)
-    if not options.force and (*shape, name) in entries:
-        return TuneResult(shape, "skipped", 0.0, "already in the registry (--force re-tunes)")
-    near = registry.nearest_entry(entries, shape, name)
-    seeds = ([near.config] if near is not None else []) + list(spec.seed_configs)
+    if not options.force and (*key, name) in entries:
+        return TuneResult(key, "skipped", 0.0, "already in the registry (--force re-tunes)")
+    near = registry.nearest_entry(entries, key, name)
 
     t0 = time.perf_counter()
-    kernel = tuning_kernel(spec.kernel, seeds, spec.reference, dtype, options, progress_bar)
-    args = spec.make_args(shape, dtype, device, options.seed)
+    seeds = ([helion.Config(**near.config)] if near is not None else []) + list(spec.seed_configs)
+    kernel = tuning_kernel(spec, seeds, dtype, options, progress_bar)
+    args = spec.make_args(problem, dtype, device, options.seed)
     bound = kernel.bind(args)
     config = bound.autotune(args, force=options.force)
     if spec.portable_config is not None:
@@ -102,31 +114,26 @@ def tune_shape(
         bound.set_config(config)
     tune_seconds = time.perf_counter() - t0
 
-    rel_error = verify_config(bound, spec, shape, dtype, device, options.seed + 1)
+    rel_error = verify_config(bound, spec, problem, dtype, device, options.seed + 1)
     latency = time_ms(lambda: bound(*args))
-    meta_dispatch = {}
+    extra = {} if problem == key else {"tuned_on": problem.columns()}
+    decision = ""
     if spec.dispatch_baseline is not None:
         unfused_ms = time_ms(spec.baselines(*args)[spec.dispatch_baseline])
-        meta_dispatch = {"dispatch": {
+        extra["dispatch"] = {
             "choice": "fused" if latency < unfused_ms else "unfused",
             "fused_ms": round(latency, 5),
             "unfused_ms": round(unfused_ms, 5),
             "unfused": spec.dispatch_baseline,
-        }}
-    entry = registry.Entry(
-        shape=shape,
-        dtype=name,
-        config=config,
-        meta=entry_meta(latency, rel_error, options, tune_seconds, near, **meta_dispatch),
-    )
+        }
+        decision = f", {extra['dispatch']['choice']} (unfused {spec.dispatch_baseline}: {unfused_ms:.4f} ms)"
+    entry = registry.Entry(shape=key, dtype=name, config=config,
+                           meta=entry_meta(latency, rel_error, options, tune_seconds, near, **extra))
     registry.save_entry(spec.name, gpu, entry, gpu_name=torch.cuda.get_device_name(device))
-    decision = ""
-    if meta_dispatch:
-        d = meta_dispatch["dispatch"]
-        decision = f", {d['choice']} (unfused {d['unfused']}: {d['unfused_ms']:.4f} ms)"
+    on = "" if problem == key else f" on {problem}"
     return TuneResult(
-        shape, "tuned", time.perf_counter() - t0,
-        f"{latency:.4f} ms{decision}, rel. error {rel_error:.2e}, tuned in {tune_seconds:.0f} s",
+        key, "tuned", time.perf_counter() - t0,
+        f"{latency:.4f} ms{on}{decision}, rel. error {rel_error:.2e}, tuned in {tune_seconds:.0f} s",
         entry,
     )
 
@@ -150,45 +157,40 @@ def entry_meta(latency: float, rel_error: float, options: TuneOptions, tune_seco
     }
 
 
-def tuning_kernel(kernel: helion.Kernel, seeds: list, reference, dtype: torch.dtype,
-                  options: TuneOptions, progress_bar: bool) -> helion.Kernel:
-    """``kernel`` (same static_shapes) with Helion's autotuner settings from ``options``:
-    seeded with ``seeds``, every candidate checked against ``reference`` by
-    :func:`~.verify.check_outputs` at ``dtype``'s tolerance."""
+def tuning_kernel(spec: KernelSpec, seeds: list, dtype: torch.dtype, options: TuneOptions,
+                  progress_bar: bool):
+    """``spec.kernel`` (same static_shapes) with Helion's autotuner settings from ``options``:
+    seeded with ``seeds``, every candidate checked against ``spec.reference`` by
+    :func:`~.verify.check_outputs` at ``dtype``'s tolerance (after ``spec.compare_outputs``)."""
     return helion.kernel(
-        kernel.fn,
-        static_shapes=kernel.settings.static_shapes,
+        spec.kernel.fn,
+        static_shapes=spec.kernel.settings.static_shapes,
         autotune_effort=options.effort,
         autotune_budget_seconds=options.budget_seconds,
         autotune_seed_configs=seeds,
         autotune_random_seed=options.seed,
-        autotune_baseline_fn=reference,
-        autotune_baseline_accuracy_check_fn=functools.partial(_accuracy_check, dtype=dtype),
+        autotune_baseline_fn=spec.reference,
+        autotune_baseline_accuracy_check_fn=functools.partial(_accuracy_check, spec=spec, dtype=dtype),
         autotune_progress_bar=progress_bar,
     )
 
 
-def _accuracy_check(output, baseline, dtype: torch.dtype) -> None:
+def _accuracy_check(output, baseline, spec: KernelSpec, dtype: torch.dtype) -> None:
     """Helion's per-candidate accuracy hook: the same bar as the final check."""
-    check_outputs(output, baseline, dtype)
+    check_outputs(output if spec.compare_outputs is None else spec.compare_outputs(output), baseline, dtype)
 
 
-def tune_shapes(
-    spec: KernelSpec,
-    shapes: Iterable[Shape],
-    dtype: torch.dtype,
-    options: TuneOptions,
-    device: torch.device,
-) -> list[TuneResult]:
-    """Tune every shape in turn with a progress bar; a failing shape does not stop the rest.
-
-    Each finished shape is in the registry as soon as it is done, so an interrupted sweep
-    loses at most the shape in progress.
+def tune(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype, options: TuneOptions,
+         device: torch.device) -> list[TuneResult]:
+    """Tune every registry key of ``problems`` (:func:`tuning_problems`) in turn under one
+    progress bar; a failing key does not stop the rest, and each finished key is in the
+    registry as soon as it is done, so an interrupted sweep loses at most the key in progress.
     """
+    picked = tuning_problems(spec, problems)
     name = registry.dtype_name(dtype)
     # progress_bar=False: Helion's own bar would fight ours for the terminal.
-    return sweep(f"autotune {spec.name}", [(shape, f"{shape} {name}") for shape in shapes],
-                 lambda shape: tune_shape(spec, shape, dtype, options, device, progress_bar=False))
+    return sweep(f"autotune {spec.name}", [(key, f"{problem} {name}") for key, problem in picked.items()],
+                 lambda key: tune_problem(spec, picked[key], dtype, options, device, progress_bar=False))
 
 
 def sweep(title: str, items: list[tuple[object, str]], tune_one) -> list[TuneResult]:
@@ -210,6 +212,6 @@ def sweep(title: str, items: list[tuple[object, str]], tune_one) -> list[TuneRes
                 result = TuneResult(key, "failed", time.perf_counter() - t0, f"{type(err).__name__}: {err}")
             results.append(result)
             style = {"tuned": "green", "skipped": "dim", "failed": "red"}[result.status]
-            progress.console.print(f"[{style}]{result.status:8}[/] {result.shape}  {result.message}")
+            progress.console.print(f"[{style}]{result.status:8}[/] {result.key}  {result.message}")
             progress.advance(task)
     return results

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .kernels.spec import KernelSpec, Shape
+    from .spec import KernelSpec, Problem
 
 # Elementwise tolerance per input dtype: |out - ref| <= tol * (|ref| + rms(ref)).
 # bf16 follows the authors' fused-forward tests (atol = rtol = 3e-2 on unit-scale outputs);
@@ -113,8 +113,16 @@ def check_deterministic(run, repeats: int = 4) -> None:
                 )
 
 
+def check_spec_outputs(spec: KernelSpec, outputs, args: tuple, dtype: torch.dtype) -> float:
+    """:func:`check_outputs` of a kernel's ``outputs`` on ``args`` against ``spec.reference``,
+    after ``spec.compare_outputs`` when the spec has one."""
+    if spec.compare_outputs is not None:
+        outputs = spec.compare_outputs(outputs)
+    return check_outputs(outputs, spec.reference(*args), dtype)
+
+
 def verify_config(
-    bound, spec: KernelSpec, shape: Shape, dtype: torch.dtype, device: torch.device,
+    bound, spec: KernelSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
     seed: int, draws: int = VERIFY_DRAWS,
 ) -> float:
     """Check a compiled config (tuning) or a registered one (benchmark); return the largest
@@ -128,8 +136,8 @@ def verify_config(
     """
     worst = 0.0
     for i in range(draws):
-        fresh = spec.make_args(shape, dtype, device, seed + i)
-        worst = max(worst, check_outputs(bound(*fresh), spec.reference(*fresh), dtype))
+        fresh = spec.make_args(problem, dtype, device, seed + i)
+        worst = max(worst, check_spec_outputs(spec, bound(*fresh), fresh, dtype))
         if i == 0:
             check_deterministic(lambda: bound(*fresh))
     return worst

@@ -1,12 +1,13 @@
 """Workload tables: CSV files read with pandas, which may start with ``#`` comment lines
-naming their source.
+naming their source. They ship with the registry (:func:`~.registry.shipped_dir`); a table
+of the same name in the user registry (:func:`~.registry.user_dir`) is read instead.
 
-* GEMM workloads, ``configs/workloads/<name>.csv``: integer columns ``M``, ``K``, ``N`` (one
-  GEMM shape per row).
-* Attention workloads, ``configs/attention_workloads/<name>.csv``: ``batch``, ``H``, ``D``,
+* GEMM workloads, ``workloads/<name>.csv``: integer columns ``M``, ``K``, ``N`` (one GEMM
+  shape per row, a :class:`~.spec.Shape`).
+* Attention workloads, ``attention_workloads/<name>.csv``: ``batch``, ``H``, ``D``,
   ``max_seq_len_q``, ``seq_len_kv`` (dense KV), ``fill`` (average Q length over
-  ``max_seq_len_q``, in (0, 1]) and ``seed`` of the Q lengths
-  (:func:`~.kernels.gdpa.jagged_lengths`).
+  ``max_seq_len_q``, in (0, 1]) and ``seed`` of the Q lengths (a
+  :class:`~.spec.AttentionRow`).
 """
 
 from __future__ import annotations
@@ -15,21 +16,28 @@ from pathlib import Path
 
 import pandas as pd
 
-from .kernels.spec import Shape
-from .registry import config_dir
+from .registry import shipped_dir, user_dir
+from .spec import AttentionRow, Shape
 
 COLUMNS = ("M", "K", "N")
 ATTENTION_COLUMNS = ("batch", "H", "D", "max_seq_len_q", "seq_len_kv", "fill", "seed")
-# kind -> (folder under configs/, required columns)
-KINDS = {"gemm": ("workloads", COLUMNS), "attention": ("attention_workloads", ATTENTION_COLUMNS)}
+# kind -> (folder in a registry root, required columns, row type)
+KINDS = {"gemm": ("workloads", COLUMNS, Shape),
+         "attention": ("attention_workloads", ATTENTION_COLUMNS, AttentionRow)}
 
 
-def workload_dir(kind: str = "gemm") -> Path:
-    return config_dir() / KINDS[kind][0]
+def _path(name: str, kind: str) -> Path | None:
+    """The table's file, the user registry's first; None if neither has it."""
+    for root in (user_dir(), shipped_dir()):
+        path = root / KINDS[kind][0] / f"{name}.csv"
+        if path.is_file():
+            return path
+    return None
 
 
 def list_workloads(kind: str = "gemm") -> list[str]:
-    return sorted(p.stem for p in workload_dir(kind).glob("*.csv"))
+    folder = KINDS[kind][0]
+    return sorted({p.stem for root in (user_dir(), shipped_dir()) for p in (root / folder).glob("*.csv")})
 
 
 def load_workload(name: str, where: str | None = None, kind: str = "gemm") -> pd.DataFrame:
@@ -39,14 +47,14 @@ def load_workload(name: str, where: str | None = None, kind: str = "gemm") -> pd
         ValueError: unknown workload, missing columns, a count or size that is not a
             positive integer (``seed`` may be 0, ``fill`` must lie in (0, 1]), or a bad query.
     """
-    path = workload_dir(kind) / f"{name}.csv"
+    path = _path(name, kind)
     columns = KINDS[kind][1]
-    if not path.is_file():
+    if path is None:
         other = next((k for k in KINDS if k != kind and name in list_workloads(k)), None)
         hint = (f"; {name!r} is an {other} workload (--kernel flash_norm_attention)" if other == "attention"
                 else f"; {name!r} is a {other} workload, for the GEMM-shaped kernels" if other else "")
         raise ValueError(
-            f"unknown workload {name!r} (no {path}); known: {', '.join(list_workloads(kind)) or 'none'}{hint}"
+            f"unknown workload {name!r} (of kind {kind}); known: {', '.join(list_workloads(kind)) or 'none'}{hint}"
         )
     df = pd.read_csv(path, comment="#", skipinitialspace=True)
     missing = [c for c in columns if c not in df.columns]
@@ -74,8 +82,12 @@ def load_workload(name: str, where: str | None = None, kind: str = "gemm") -> pd
     return df.reset_index(drop=True)
 
 
-def shapes(df: pd.DataFrame) -> list[Shape]:
-    return [Shape(int(r.M), int(r.K), int(r.N)) for r in df.itertuples()]
+def problems(df: pd.DataFrame, kind: str = "gemm") -> list:
+    """The rows of a loaded table as problems: :class:`~.spec.Shape` or
+    :class:`~.spec.AttentionRow`."""
+    _, columns, row_type = KINDS[kind]
+    return [row_type(*(float(r[c]) if c == "fill" else int(r[c]) for c in columns))
+            for r in df.to_dict("records")]
 
 
 def parse_shape(text: str) -> Shape:

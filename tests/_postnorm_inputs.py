@@ -9,7 +9,7 @@ from helion_kernels.kernels.postnorm_full_row import (
     matmul_layernorm_reference,
     matmul_rmsnorm_reference,
 )
-from helion_kernels.kernels.spec import Shape
+from helion_kernels.spec import Shape
 
 
 def norm_inputs(shape: Shape, dtype, device, seed: int, affine: str, large_mean: bool = False,

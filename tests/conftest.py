@@ -15,9 +15,15 @@ combined: Helion refuses that.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+# The measured-but-unshipped kernels under bench/variants/ are tested too (they are kept so
+# that their A/B scripts can be re-run).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "variants"))
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     MODE = "triton_interpret"
@@ -54,36 +60,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
-def _upcast_out_dtype(matmul):
-    """``matmul`` (torch.mm or torch.bmm) with ``out_dtype=`` done by upcasting on CPU."""
-
-    def with_out_dtype(a, b, *args, out_dtype=None, **kwargs):
-        if out_dtype is not None and a.device.type == "cpu":
-            return matmul(a.to(out_dtype), b.to(out_dtype), *args, **kwargs)
-        if out_dtype is not None:
-            kwargs["out_dtype"] = out_dtype
-        return matmul(a, b, *args, **kwargs)
-
-    return with_out_dtype
-
-
 @pytest.fixture(autouse=True)
 def _cpu_workarounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Patch two known CPU gaps for the duration of each test (never in the library).
+    """Patch two known gaps of the Triton interpreter for the duration of each test (never
+    in the library). (The gap of torch's CPU build that Helion's reference mode falls into,
+    ``torch.mm(..., out_dtype=)``, is filled by the library itself:
+    ``helion_kernels/kernels/cpu_reference_mode.py``.)
 
-    * torch 2.13's CPU build has no kernel for ``torch.mm(..., out_dtype=)`` (nor
-      ``torch.bmm``), which Helion's reference mode uses for every dot: upcast both operands
-      instead (exact products, accumulation in ``out_dtype``).
     * The Triton interpreter does not implement ``libdevice.rsqrt``, ``tanh`` or ``erf``:
       route them to ``tl.math.rsqrt``, ``2 * sigmoid(2x) - 1`` and ``tl.math.erf``.
     * The Triton interpreter cannot use a value loaded from memory as a loop bound (it is a
       1-element array there, not a scalar), which the jagged kernels do with their offsets:
       make the interpreter's tensor ``__index__`` accept a 1-element array.
     """
-    if MODE == "ref_mode":
-        for name in ("mm", "bmm"):
-            monkeypatch.setattr(torch, name, _upcast_out_dtype(getattr(torch, name)))
-    elif MODE == "triton_interpret":
+    if MODE == "triton_interpret":
         import triton.language as tl
         from triton.language.extra import libdevice
 
@@ -119,18 +109,29 @@ def poisoned_empty(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_kernel_cache():
-    from helion_kernels import ops
+    from helion_kernels import runtime
 
-    ops.clear_cache()
+    runtime.clear_cache()
     yield
-    ops.clear_cache()
+    runtime.clear_cache()
+
+
+@pytest.fixture(autouse=True)
+def _empty_user_registry(tmp_path_factory, monkeypatch):
+    """Every test starts with an empty user registry of its own (never the developer's
+    ``~/.cache``); the shipped registry stays visible unless :func:`registry_dir` hides it."""
+    monkeypatch.setenv("HELION_KERNELS_CONFIG_DIR", str(tmp_path_factory.mktemp("user_registry")))
 
 
 @pytest.fixture
 def registry_dir(tmp_path, monkeypatch):
-    """An empty registry (and workload folder) in a temporary directory."""
+    """An empty registry: the user registry (with an empty workload folder) in a temporary
+    directory, and no shipped registry."""
+    from helion_kernels import registry
+
     (tmp_path / "workloads").mkdir()
     monkeypatch.setenv("HELION_KERNELS_CONFIG_DIR", str(tmp_path))
+    monkeypatch.setattr(registry, "shipped_dir", lambda: tmp_path / "no_shipped_registry")
     return tmp_path
 
 

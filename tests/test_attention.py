@@ -1,4 +1,5 @@
-"""Autotune/benchmark plumbing of flash_norm_attention (helion_kernels.attention), on the CPU.
+"""Autotune/benchmark plumbing of flash_norm_attention through the generic spec path
+(:mod:`helion_kernels.tuning`, :mod:`helion_kernels.benchmark`), on the CPU.
 
 Timing needs a GPU; here the timer is replaced so the rest of a benchmark row (inputs,
 reference checks, the unfused baselines, the metrics) runs in reference mode.
@@ -10,34 +11,44 @@ import pandas as pd
 import pytest
 import torch
 
-from helion_kernels import attention
-from helion_kernels.kernels.spec import AttentionShape
+from helion_kernels import benchmark, runtime, tuning
+from helion_kernels.kernels import flash_norm_attention as fna
+from helion_kernels.spec import AttentionRow, AttentionShape
 from helion_kernels.timing import Ceilings
 
 pytestmark = pytest.mark.usefixtures("poisoned_empty")
 
-ROW = attention.AttentionRow(batch=3, H=2, D=16, max_seq_len_q=20, seq_len_kv=8, fill=0.5, seed=0)
+SPEC = fna.SPEC
+ROW = AttentionRow(batch=3, H=2, D=16, max_seq_len_q=20, seq_len_kv=8, fill=0.5, seed=0)
 
 
-def test_tuning_row_is_the_longest_q_per_head_shape():
-    rows = [attention.AttentionRow(4, h, 16, q, 8, 0.5, 0) for h in (2, 4) for q in (64, 16, 32)]
-    picked = attention._tuning_row(rows)
+def test_tuning_problem_is_the_longest_q_per_head_shape():
+    rows = [AttentionRow(4, h, 16, q, 8, 0.5, 0) for h in (2, 4) for q in (64, 16, 32)]
+    picked = tuning.tuning_problems(SPEC, rows)
     assert set(picked) == {AttentionShape(2, 16), AttentionShape(4, 16)}
     assert all(r.max_seq_len_q == 64 for r in picked.values())
 
 
 def test_make_args_same_lengths_other_values():
-    a, b = attention.make_args(ROW, torch.float32, "cpu", 0), attention.make_args(ROW, torch.float32, "cpu", 1)
+    a, b = fna.make_args(ROW, torch.float32, "cpu", 0), fna.make_args(ROW, torch.float32, "cpu", 1)
     assert torch.equal(a[3], b[3]) and a[3][-1] == sum(ROW.q_lengths()) == a[0].shape[0]
     assert torch.equal(a[4], torch.arange(0, 8 * 3 + 1, 8))
     assert a[5] == ROW.max_seq_len_q and max(ROW.q_lengths()) <= a[5]
     assert not torch.equal(a[0], b[0]) and a[6].shape == (2, 16)
-    assert attention.min_bytes(a) == 4 * (2 * a[0].numel() + 2 * a[1].numel())
-    assert attention.flops(ROW) == 4 * 2 * 16 * 8 * sum(ROW.q_lengths())
+    assert SPEC.min_bytes(ROW, torch.float32) == 4 * (2 * a[0].numel() + 2 * a[1].numel())
+    assert SPEC.flops(ROW) == 4 * 2 * 16 * 8 * sum(ROW.q_lengths())
+    assert SPEC.key_of(a) == ROW.key == AttentionShape(2, 16)
+    assert ROW.columns()["total_q"] == a[0].shape[0]
+
+
+@pytest.fixture
+def eager_block(monkeypatch):
+    """The compiled unfused block, eager (compiling it with inductor on CPU takes minutes)."""
+    monkeypatch.setattr(fna, "compiled_unfused_block", lambda: fna.unfused_block)
 
 
 @pytest.mark.ref_mode
-def test_bench_row_checks_and_metrics(monkeypatch, registry_dir):
+def test_bench_row_checks_and_metrics(monkeypatch, registry_dir, eager_block):
     calls = []
 
     def fake_time(fns, rep_ms=50):
@@ -45,58 +56,54 @@ def test_bench_row_checks_and_metrics(monkeypatch, registry_dir):
         for fn in fns:
             fn()
         calls.append(len(fns))
-        return {0: 2.0, 1: 4.0, 2: 6.0, 3: 3.0}[len(calls) - 1]
+        return [2.0, 6.0, 4.0, 3.0][len(calls) - 1]  # fused, compiled, eager, gdpa + eager norms
 
-    monkeypatch.setattr(attention, "time_ms", fake_time)
-    monkeypatch.setattr(attention, "input_copies", lambda nbytes, device: 2)
+    monkeypatch.setattr(benchmark, "time_ms", fake_time)
+    monkeypatch.setattr(benchmark, "input_copies", lambda nbytes, device: 2)
     with pytest.warns(match="default config"):
-        row = attention.bench_row(ROW, torch.float32, torch.device("cpu"), Ceilings(1000.0, 100.0),
-                                  attention.fna.unfused_block)
+        row = benchmark.bench_problem(SPEC, ROW, torch.float32, torch.device("cpu"), Ceilings(1000.0, 100.0))
     assert calls == [2, 2, 2, 2]  # every candidate timed over both input sets
-    assert row["flash_norm_attention_check"] == "ok" and row["unfused_compiled_check"] == "ok"
-    assert row["flash_norm_attention_rel_error"] < 1e-5 and row["config"] == "default"
-    assert row["speedup_vs_compiled"] == 3.0 and row["speedup_vs_eager"] == 2.0
-    assert row["speedup_vs_gdpa+eager_norms"] == 1.5
+    assert row["check"] == "ok" and row["unfused_compiled_check"] == "ok"
+    assert row["rel_error"] < 1e-5 and row["config"] == "default" and row["total_q"] == sum(ROW.q_lengths())
+    assert row["speedup_vs_unfused_compiled"] == 3.0 and row["speedup_vs_unfused_eager"] == 2.0
+    assert row["speedup_vs_gdpa+eager_norms"] == 1.5 and row["speedup_vs_best_unfused"] == 1.5
+    assert "saved_vs_cublas_inductor_pct" not in row and "vs_cublas_mm" not in row
     assert row["fused_over_floor"] == pytest.approx(2.0 / row["byte_floor_ms"])
 
 
 @pytest.mark.ref_mode
-def test_bench_row_reports_a_wrong_kernel(monkeypatch, registry_dir):
-    monkeypatch.setattr(attention, "time_ms", lambda fns, rep_ms=50: 1.0)
-    monkeypatch.setattr(attention, "input_copies", lambda nbytes, device: 1)
-    monkeypatch.setattr(attention.ops, "flash_norm_attention",
-                        lambda q, *a, **kw: torch.zeros_like(q))
+def test_bench_row_reports_a_wrong_kernel(monkeypatch, registry_dir, eager_block):
+    monkeypatch.setattr(benchmark, "time_ms", lambda fns, rep_ms=50: 1.0)
+    monkeypatch.setattr(benchmark, "input_copies", lambda nbytes, device: 1)
+    monkeypatch.setattr(runtime, "launch", lambda spec, args: torch.zeros_like(args[0]))
     with pytest.warns(match="default config"):
-        row = attention.bench_row(ROW, torch.float32, torch.device("cpu"), Ceilings(1000.0, 100.0),
-                                  attention.fna.unfused_block)
-    assert row["flash_norm_attention_check"].startswith("FAILED")
+        row = benchmark.bench_problem(SPEC, ROW, torch.float32, torch.device("cpu"), Ceilings(1000.0, 100.0))
+    assert row["check"].startswith("FAILED")
     assert row["unfused_compiled_check"] == "ok"
 
 
 def test_plot_writes_a_png(tmp_path):
     df = pd.DataFrame([{"H": 2, "max_seq_len_q": q, "flash_norm_attention_ms": 1.0, "unfused_compiled_ms": 2.0,
                         "unfused_eager_ms": 2.5, "gdpa+eager_norms_ms": 0.8, "byte_floor_ms": 0.1,
-                        "speedup_vs_compiled": 2.0} for q in (256, 512)])
-    attention.plot(df, {"gpu": "GPU X"}, tmp_path / "p.png")
+                        "speedup_vs_best_unfused": 0.8} for q in (256, 512)])
+    benchmark.plot(df, {"gpu": "GPU X", "relative_to": "unfused_compiled", "aim": 1.35}, tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 1000
 
 
-def test_tune_rows_tunes_each_head_shape_on_its_longest_row(monkeypatch):
+def test_tune_tunes_each_head_shape_on_its_longest_row(monkeypatch):
     """One tuning per (H, D), on its longest-Q row; a failure does not stop the others."""
-    from helion_kernels.tuning import TuneOptions, TuneResult
-
     tuned = []
 
-    def fake_tune_row(row, dtype, options, device):
+    def fake_tune_problem(spec, row, dtype, options, device, progress_bar=True):
         tuned.append(row)
         if row.H == 4:
             raise RuntimeError("no config")
-        return TuneResult(row.shape, "tuned", 0.0, "ok")
+        return tuning.TuneResult(row.key, "tuned", 0.0, "ok")
 
-    monkeypatch.setattr(attention, "tune_row", fake_tune_row)
-    rows = [attention.AttentionRow(4, h, 16, q, 8, 0.5, 0) for h in (2, 4) for q in (16, 64)]
-    results = attention.tune_rows(rows, torch.bfloat16, TuneOptions(), torch.device("cpu"))
+    monkeypatch.setattr(tuning, "tune_problem", fake_tune_problem)
+    rows = [AttentionRow(4, h, 16, q, 8, 0.5, 0) for h in (2, 4) for q in (16, 64)]
+    results = tuning.tune(SPEC, rows, torch.bfloat16, tuning.TuneOptions(), torch.device("cpu"))
     assert [(r.H, r.max_seq_len_q) for r in tuned] == [(2, 64), (4, 64)]
-    assert [(r.shape, r.status) for r in results] == [(AttentionShape(2, 16), "tuned"),
-                                                      (AttentionShape(4, 16), "failed")]
+    assert [(r.key, r.status) for r in results] == [(AttentionShape(2, 16), "tuned"),
+                                                    (AttentionShape(4, 16), "failed")]
     assert "RuntimeError: no config" in results[1].message

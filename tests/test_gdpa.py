@@ -10,21 +10,13 @@ import helion
 import pytest
 import torch
 
-from helion_kernels import flash_norm_attention, gdpa, ops
+from flash_norm_attention_all_heads import flash_norm_attention_all_heads_kernel  # bench/variants
+from helion_kernels import flash_norm_attention, gdpa, runtime
+from helion_kernels.kernels.flash_norm_attention import flash_norm_attention_kernel, flash_norm_attention_reference
+from helion_kernels.kernels.gdpa import gdpa_kernel, gdpa_reference, random_jagged_inputs
+from helion_kernels.kernels.limits import ACTIVATIONS, MAX_SEQ_LEN_KV
 from helion_kernels.registry import ConfigFallbackWarning
-from helion_kernels.kernels.flash_norm_attention import (
-    MAX_SEQ_LEN_KV,
-    flash_norm_attention_all_heads_kernel,
-    flash_norm_attention_kernel,
-    flash_norm_attention_reference,
-)
-from helion_kernels.kernels.gdpa import (
-    ACTIVATIONS,
-    gdpa_kernel,
-    gdpa_reference,
-    jagged_lengths,
-    random_jagged_inputs,
-)
+from helion_kernels.spec import jagged_lengths
 from helion_kernels.verify import check_outputs
 
 pytestmark = pytest.mark.usefixtures("poisoned_empty")
@@ -117,6 +109,11 @@ def test_single_sequence_and_all_empty(fn, device):
     assert fn(q, k, v, qo, ko, 0, 3).shape == (0, 3, 64)
 
 
+def _forbid_launch(monkeypatch):
+    for name in ("launch", "launch_kernel"):
+        monkeypatch.setattr(runtime, name, lambda *a: pytest.fail("launched on bad input"))
+
+
 def _bad(fn, match, **overrides):
     q, k, v, qo, ko = _inputs(torch.float32, "cpu", 8)
     kwargs = dict(q=q, k=k, v=v, q_offsets=qo, kv_offsets=ko, max_seq_len_q=37, max_seq_len_kv=128)
@@ -128,9 +125,7 @@ def _bad(fn, match, **overrides):
 @pytest.mark.ref_mode
 @pytest.mark.parametrize("fn", [gdpa, flash_norm_attention], ids=lambda f: f.__name__)
 def test_bad_inputs_raise_before_launch(fn, monkeypatch):
-    import helion_kernels.ops as ops
-
-    monkeypatch.setattr(ops, "_run_jagged", lambda *a: pytest.fail("launched on bad input"))
+    _forbid_launch(monkeypatch)
     q, k, v, qo, ko = _inputs(torch.float32, "cpu", 8)
     _bad(fn, "mismatched|both must be", kv_offsets=ko[:-1])
     _bad(fn, "must start at 0", q_offsets=qo + 1)
@@ -150,9 +145,7 @@ def test_bad_inputs_raise_before_launch(fn, monkeypatch):
 def test_flash_norm_attention_refuses_non_power_of_two_head_dim(monkeypatch):
     """D = 48 gives wrong LayerNorm statistics under Triton (padded lanes counted), though
     reference mode is right; the wrapper refuses it and names gdpa."""
-    import helion_kernels.ops as ops
-
-    monkeypatch.setattr(ops, "_run_jagged", lambda *a: pytest.fail("launched on bad input"))
+    _forbid_launch(monkeypatch)
     q, k, v, qo, ko = _inputs(torch.float32, "cpu", 8, heads=2, dim=48)
     with pytest.raises(ValueError, match=r"head_dim D = 48 must be a power of two .* gdpa\(\)"):
         flash_norm_attention(q, k, v, qo, ko, 37, 128)
@@ -239,14 +232,14 @@ def test_generated_code_under_the_interpreter(heads, activation):
 def test_cuda_both_kernels(activation, registry_dir):
     """With an empty registry, so the fused kernel runs its default config (the tuned ones
     are checked per workload row by the benchmark)."""
-    ops.clear_cache()
+    runtime.clear_cache()
     q, k, v, qo, ko = _inputs(torch.bfloat16, "cuda", 11, heads=4, dim=128)
     params = _affine(4, 128, torch.bfloat16, "cuda", 12)
     ref = gdpa_reference(q, k, v, qo, ko, 1.0, activation)
     _check_per_sequence(gdpa(q, k, v, qo, ko, 37, 128, activation), ref, qo, torch.bfloat16)
     with pytest.warns(ConfigFallbackWarning, match="default config"):
         out = flash_norm_attention(q, k, v, qo, ko, 37, 128, *params, activation=activation)
-    ops.clear_cache()
+    runtime.clear_cache()
     hd = [p.view(4, 128) for p in params]
     ref = flash_norm_attention_reference(q, k, v, qo, ko, *hd, 1e-5, 1.0, activation)
     _check_per_sequence(out, ref, qo, torch.bfloat16)

@@ -8,7 +8,7 @@ import torch
 
 from helion_kernels import matmul
 from helion_kernels.kernels.matmul import SPEC, matmul_kernel, matmul_reference
-from helion_kernels.kernels.spec import Shape
+from helion_kernels.spec import Shape
 from helion_kernels.verify import check_outputs
 
 # Every output element must be written: allocations start as NaN.
@@ -47,13 +47,16 @@ def test_cuda_with_registry_configs(shape, dtype, device):
 
 
 @pytest.mark.ref_mode
-def test_reference_mode_without_the_cpu_patch_says_why(monkeypatch):
-    """Outside the test suite's patch, torch's CPU build lacks mm/bmm with out_dtype: the
-    user gets an error saying so, not a raw dispatcher message."""
-    def missing(*args, **kwargs):
-        raise NotImplementedError("Could not run 'aten::mm.dtype' with arguments from the 'CPU' backend.")
+def test_reference_mode_fills_the_cpu_gap_exactly():
+    """torch's CPU build has no ``mm``/``bmm`` with ``out_dtype`` (Helion's reference mode uses
+    them for every dot). The library registers CPU kernels for exactly those overloads when
+    they are missing (no test patch): the same numbers as upcasting, nothing else replaced."""
+    from helion_kernels.kernels import cpu_reference_mode
 
-    monkeypatch.setattr(torch, "mm", missing)
-    a, b = torch.randn(8, 16), torch.randn(16, 8)
-    with pytest.raises(NotImplementedError, match="torch's CPU build does not implement"):
-        matmul(a, b)
+    cpu_reference_mode.install()
+    gen = torch.Generator().manual_seed(3)
+    a, b = (torch.randn(5, 7, generator=gen).bfloat16(), torch.randn(7, 3, generator=gen).bfloat16())
+    assert torch.equal(torch.mm(a, b, out_dtype=torch.float32), a.float() @ b.float())
+    assert torch.equal(torch.bmm(a[None], b[None], out_dtype=torch.float32)[0], a.float() @ b.float())
+    assert torch.mm(a, b).dtype == torch.bfloat16  # the plain overload is torch's own
+    check_outputs(matmul(a, b), matmul_reference(a, b), torch.bfloat16)

@@ -1,5 +1,5 @@
 """The public full-row post-norm ops ``matmul_layernorm`` / ``matmul_rmsnorm`` and their
-dispatcher :func:`helion_kernels.ops.use_fused`.
+dispatcher :func:`helion_kernels.ops.postnorm.use_fused`.
 
 * Input validation: every error is raised before any kernel (or the unfused GEMM) runs.
 * Results of the fused path (Helion reference mode) and of the unfused path (torch.mm +
@@ -19,15 +19,16 @@ import pytest
 import torch
 
 import helion_kernels
-from helion_kernels import ops, registry
+from helion_kernels import registry, runtime
+from helion_kernels.kernels.limits import max_full_row_n
 from helion_kernels.kernels.postnorm_full_row import (
     SPEC_LAYERNORM,
     SPEC_RMSNORM,
     matmul_layernorm_reference,
     matmul_rmsnorm_reference,
-    max_full_row_n,
 )
-from helion_kernels.kernels.spec import Shape
+from helion_kernels.ops import postnorm
+from helion_kernels.spec import Shape
 from helion_kernels.registry import ConfigFallbackWarning, Entry
 from helion_kernels.verify import check_outputs
 
@@ -98,10 +99,10 @@ def _check(op: str, kw: dict, dtype, *, fused=None) -> tuple:
 
 @pytest.fixture
 def calls(monkeypatch) -> dict:
-    """Record which path each call takes: ``ops.run`` (the fused kernel) or
-    ``ops._unfused_norm`` (the standalone norm after torch.mm)."""
+    """Record which path each call takes: ``runtime.launch`` (the fused kernel) or
+    ``postnorm._unfused_norm`` (the standalone norm after torch.mm)."""
     rec = {"fused": [], "unfused": []}
-    real_run, real_norm = ops.run, ops._unfused_norm
+    real_run, real_norm = runtime.launch, postnorm._unfused_norm
 
     def run(spec, args):
         rec["fused"].append(spec.name)
@@ -111,8 +112,8 @@ def calls(monkeypatch) -> dict:
         rec["unfused"].append(tuple(x.shape))
         return real_norm(fn, x, *params)
 
-    monkeypatch.setattr(ops, "run", run)
-    monkeypatch.setattr(ops, "_unfused_norm", unfused_norm)
+    monkeypatch.setattr(runtime, "launch", run)
+    monkeypatch.setattr(postnorm, "_unfused_norm", unfused_norm)
     return rec
 
 
@@ -125,10 +126,11 @@ def no_work(monkeypatch) -> None:
             raise AssertionError(f"{what} ran before validation failed")
         return f
 
-    monkeypatch.setattr(ops, "run", forbidden("ops.run"))
-    monkeypatch.setattr(ops, "resolved_config", forbidden("ops.resolved_config"))
-    monkeypatch.setattr(ops, "_bound", forbidden("ops._bound"))
-    monkeypatch.setattr(ops, "_unfused_norm", forbidden("ops._unfused_norm"))
+    monkeypatch.setattr(runtime, "launch", forbidden("runtime.launch"))
+    monkeypatch.setattr(runtime, "resolved_config", forbidden("runtime.resolved_config"))
+    monkeypatch.setattr(runtime, "_bound", forbidden("runtime._bound"))
+    monkeypatch.setattr(registry, "lookup", forbidden("registry.lookup"))
+    monkeypatch.setattr(postnorm, "_unfused_norm", forbidden("postnorm._unfused_norm"))
     monkeypatch.setattr(torch, "mm", forbidden("torch.mm"))
 
 
@@ -198,7 +200,7 @@ class TestValidation:
     def test_cpu_tensors_outside_interpret_modes(self, op, fused, monkeypatch):
         monkeypatch.delenv("HELION_INTERPRET", raising=False)
         monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-        with pytest.raises(ValueError, match="needs CUDA tensors, got cpu"):
+        with pytest.raises(ValueError, match="need CUDA tensors, got cpu"):
             _call(op, dict(zip(("a", "b"), _ab())), fused=fused)
 
 
@@ -257,7 +259,7 @@ def test_fused_true_past_the_limit_names_split_n(op, dtype, n):
         _call(op, kw, fused=True)
     assert f"N = {n}" in str(err.value) and f"N = {limit}" in str(err.value)
     with pytest.raises(ValueError, match=r"technique 3"):
-        ops.use_fused(SPECS[op], _kernel_args(op, kw), True)
+        postnorm.use_fused(SPECS[op], _kernel_args(op, kw), True)
 
 
 @pytest.mark.ref_mode
@@ -382,7 +384,7 @@ def test_past_the_limit_auto_runs_unfused(op, calls):
     kw = _inputs(op, Shape(2, 8, n), torch.float32, "cpu", 7)
     _check(op, kw, torch.float32, fused=None)
     assert calls["fused"] == [] and len(calls["unfused"]) == 2
-    assert not ops.use_fused(SPECS[op], _kernel_args(op, kw))
+    assert not postnorm.use_fused(SPECS[op], _kernel_args(op, kw))
 
 
 @pytest.mark.ref_mode
@@ -399,12 +401,12 @@ def test_at_the_limit_fused_true_runs_the_kernel(op, calls):
 def test_use_fused_in_reference_mode(op):
     spec = SPECS[op]
     a, b = _ab(n=96, dtype=torch.float16)
-    assert ops.use_fused(spec, (a, b)) is True
-    assert ops.use_fused(spec, (a, b), True) is True
-    assert ops.use_fused(spec, (a, b), False) is False
+    assert postnorm.use_fused(spec, (a, b)) is True
+    assert postnorm.use_fused(spec, (a, b), True) is True
+    assert postnorm.use_fused(spec, (a, b), False) is False
     _, wide = _ab(n=2049, dtype=torch.float16)
-    assert ops.use_fused(spec, (a, wide)) is False
-    assert ops.use_fused(spec, (a, wide), False) is False
+    assert postnorm.use_fused(spec, (a, wide)) is False
+    assert postnorm.use_fused(spec, (a, wide), False) is False
 
 
 # --- 3. dispatch from the registry (Triton interpreter) ----------------------------------
@@ -436,12 +438,12 @@ def test_registry_choice_decides_the_path(op, dtype, registry_dir, calls):
     spec = SPECS[op]
 
     kw = _inputs(op, fused_shape, dtype, "cpu", 10)
-    assert ops.use_fused(spec, _kernel_args(op, kw)) is True  # exact entry: no warning
+    assert postnorm.use_fused(spec, _kernel_args(op, kw)) is True  # exact entry: no warning
     _check(op, kw, dtype)
     assert calls["fused"] == [op, op] and calls["unfused"] == []
 
     kw = _inputs(op, unfused_shape, dtype, "cpu", 11)
-    assert ops.use_fused(spec, _kernel_args(op, kw)) is False
+    assert postnorm.use_fused(spec, _kernel_args(op, kw)) is False
     _check(op, kw, dtype)
     assert calls["fused"] == [op, op] and calls["unfused"] == [(24, 128)] * 2
 
@@ -480,7 +482,7 @@ def test_gpu_without_entries_runs_unfused(op, registry_dir, calls):
     with warnings.catch_warnings():
         # Whether this case warns is not what is tested here.
         warnings.simplefilter("ignore", ConfigFallbackWarning)
-        assert ops.use_fused(SPECS[op], _kernel_args(op, kw)) is False
+        assert postnorm.use_fused(SPECS[op], _kernel_args(op, kw)) is False
         _check(op, kw, torch.float16)
     assert calls["fused"] == [] and len(calls["unfused"]) == 2
 
@@ -493,7 +495,7 @@ def test_forced_fused_without_entries_uses_the_default_config(op, registry_dir, 
         out = _call(op, kw, stats=True, fused=True)
     check_outputs(out, _reference(op, kw), torch.float16)
     assert calls["fused"] == [op] and calls["unfused"] == []
-    assert ops.resolved_config(SPECS[op], _kernel_args(op, kw)).source == "default"
+    assert runtime.resolved_config(SPECS[op], _kernel_args(op, kw)).source == "default"
 
 
 @interp
@@ -539,7 +541,7 @@ def test_past_the_limit_auto_runs_unfused_without_registry_lookup(op, registry_d
     def resolved(*args):
         raise AssertionError("registry consulted past the N limit")
 
-    monkeypatch.setattr(ops, "resolved_config", resolved)
+    monkeypatch.setattr(registry, "lookup", resolved)
     n = max_full_row_n(torch.float32) + 3
     _save(op, Shape(2, 8, n), "float32", "fused")  # even an exact "fused" entry is ignored
     kw = _inputs(op, Shape(2, 8, n), torch.float32, "cpu", 20)
@@ -562,7 +564,7 @@ def test_decision_is_cached_until_clear_cache(op, registry_dir, calls):
     _save(op, shape, "float16", "fused")
     check_outputs(_call(op, kw), _reference(op, kw)[0], torch.float16)
     assert calls["fused"] == [] and len(calls["unfused"]) == 2
-    ops.clear_cache()
+    runtime.clear_cache()
     check_outputs(_call(op, kw), _reference(op, kw)[0], torch.float16)
     assert calls["fused"] == [op] and len(calls["unfused"]) == 2
 

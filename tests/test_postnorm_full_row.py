@@ -14,17 +14,17 @@ import torch
 import torch.nn.functional as F
 
 from helion_kernels.kernels import postnorm_full_row
+from helion_kernels.kernels import limits
+from helion_kernels.kernels.limits import check_full_row_n, max_full_row_n
 from helion_kernels.kernels.postnorm_full_row import (
     SPEC_LAYERNORM,
     SPEC_RMSNORM,
-    check_full_row_n,
     matmul_layernorm_kernel,
     matmul_layernorm_reference,
     matmul_rmsnorm_kernel,
     matmul_rmsnorm_reference,
-    max_full_row_n,
 )
-from helion_kernels.kernels.spec import Shape
+from helion_kernels.spec import Shape
 from helion_kernels.verify import check_outputs
 
 from _seeds import stable_seed
@@ -149,7 +149,7 @@ def test_spec_make_args_and_reference(spec, device):
     assert weight.float().std().item() > 0.01  # really affine, not ones
     if spec is SPEC_LAYERNORM:
         assert args[3].shape == (96,) and args[3].float().abs().max().item() > 0.01
-    assert spec.shape_of(args) == shape
+    assert spec.key_of(args) == shape
     check_outputs(spec.kernel(*args), spec.reference(*args), torch.float16)
     empty = spec.make_args(shape, torch.float16, device, None)
     assert [tuple(x.shape) for x in empty[:-1]] == [tuple(x.shape) for x in args[:-1]]
@@ -197,7 +197,7 @@ def test_max_full_row_n_documented_default(dtype, expected):
     (512 + 96 * 4096 - 1, torch.bfloat16, 2048),
 ])
 def test_max_full_row_n_arithmetic(smem, dtype, expected, monkeypatch):
-    monkeypatch.setattr(postnorm_full_row, "DEFAULT_SHARED_MEMORY_PER_BLOCK", smem)
+    monkeypatch.setattr(limits, "DEFAULT_SHARED_MEMORY_PER_BLOCK", smem)
     assert max_full_row_n(dtype, "cpu") == expected
 
 
@@ -228,7 +228,7 @@ def test_fit_shared_memory_shrinks_a_config_from_a_smaller_n(n, dtype, monkeypat
     N = 1000. Fitted, it is within 232448 bytes; stages go first; the N tile is kept."""
     from helion_kernels.kernels.postnorm_full_row import fit_shared_memory
 
-    monkeypatch.setattr(postnorm_full_row, "_shared_memory_per_block", lambda device: 232448)
+    monkeypatch.setattr(postnorm_full_row, "shared_memory_per_block", lambda device: 232448)
 
     tuned = helion.Config(block_sizes=[512, 64, 64], num_warps=4, num_stages=3, indexing="pointer")
     a, b = torch.empty(8, 32, dtype=dtype), torch.empty(32, n, dtype=dtype)
@@ -242,7 +242,7 @@ def test_fit_shared_memory_shrinks_a_config_from_a_smaller_n(n, dtype, monkeypat
 def test_fit_shared_memory_keeps_a_config_that_fits(monkeypatch):
     from helion_kernels.kernels.postnorm_full_row import fit_shared_memory
 
-    monkeypatch.setattr(postnorm_full_row, "_shared_memory_per_block", lambda device: 232448)
+    monkeypatch.setattr(postnorm_full_row, "shared_memory_per_block", lambda device: 232448)
 
     tuned = helion.Config(block_sizes=[16, 64, 64], num_warps=4, num_stages=3)
     args = (torch.empty(8, 32, dtype=torch.bfloat16), torch.empty(32, 256, dtype=torch.bfloat16))
@@ -251,10 +251,10 @@ def test_fit_shared_memory_keeps_a_config_that_fits(monkeypatch):
 
 @pytest.mark.triton_interpret  # binds a config (no launch); reference mode has no configs
 def test_fit_applies_to_fallback_configs_only(registry_dir):
-    """ops runs fit_config on the nearest shape's config, never on an exact entry."""
+    """The runtime applies fit_config to the nearest shape's config, never to an exact entry."""
     import dataclasses
 
-    from helion_kernels import ops, registry
+    from helion_kernels import registry, runtime
 
     seen = []
     spec = dataclasses.replace(SPEC_LAYERNORM, fit_config=lambda cfg, args: seen.append(args[1].shape[1]) or cfg)
@@ -264,7 +264,7 @@ def test_fit_applies_to_fallback_configs_only(registry_dir):
         args = spec.make_args(Shape(64, 32, n), torch.float32, "cpu", 0)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", registry.ConfigFallbackWarning)
-            ops._bound(spec, args)
+            runtime.resolved_config(spec, args)
     assert seen == [1000]
 
 

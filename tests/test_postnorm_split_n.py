@@ -1,11 +1,11 @@
-"""Split-N post-norm ``norm(a @ b)`` with the statistics combined across N tiles.
+"""Split-N post-norm, the row sweep (what ``matmul_{layernorm,rmsnorm}_split_n`` run): one
+program per row block walks its N tiles, then re-reads them. The last-tile-in-registers
+variant (``bench/variants/row_sweep_last_tile.py``, measured, not shipped) is tested beside it.
 
-Reference mode checks the math of every kernel (one tile per dimension there, so the
-combination is trivial); the Triton interpreter runs the two-kernel candidate with several
-N tiles per row, a partial last tile and M not a multiple of tile_m, which is where the
-partial statistics and Chan's combination are really exercised. The persistent candidate
-needs a grid-wide barrier, which the interpreter (programs run one after another) cannot
-run: its generated code is checked on CPU and its results in reference mode and on CUDA.
+Reference mode checks the math (one tile per dimension there); the Triton interpreter runs
+explicit tilings with several N tiles per row, a partial last N tile and M not a multiple
+of tile_m, which is where the running statistics (Chan's merge for LayerNorm) and the
+store-then-reload of the row block are exercised.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ import helion
 import pytest
 import torch
 
-from helion_kernels.kernels import postnorm_split_n as split_n
-from helion_kernels.kernels.spec import Shape
+import row_sweep_last_tile as last_tile  # bench/variants
+from helion_kernels import runtime
+from helion_kernels.kernels import postnorm_split_n as row_sweep
+from helion_kernels.spec import Shape
 from helion_kernels.verify import check_outputs
 
 from _postnorm_inputs import ln_reference_f64 as _ln_reference
@@ -24,21 +26,32 @@ from _postnorm_inputs import rms_reference_f64 as _rms_reference
 
 pytestmark = pytest.mark.usefixtures("poisoned_empty")
 
-SHAPES = [Shape(1, 64, 96), Shape(33, 100, 96), Shape(45, 48, 200), Shape(7, 1, 5)]
-LN_AFFINE = ["none", "weight", "weight_bias"]
+AFFINE = ["none", "weight", "weight_bias"]
+
+
+# (LayerNorm kernel, RMSNorm kernel): the shipped pair and the last-tile-in-registers pair.
+PAIRS = [
+    (row_sweep.matmul_layernorm_row_sweep_kernel, row_sweep.matmul_rmsnorm_row_sweep_kernel),
+    (last_tile.matmul_layernorm_row_sweep_last_tile_kernel, last_tile.matmul_rmsnorm_row_sweep_last_tile_kernel),
+]
+PAIR_IDS = ["shipped", "last_tile"]
+
+
+def _run(kernel, args, config):
+    bound = kernel.bind(args)
+    bound.set_config(config)
+    return bound(*args)
 
 
 @pytest.mark.ref_mode
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("affine", LN_AFFINE)
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_reference_mode_both_candidates(shape, affine, dtype, device):
+@pytest.mark.parametrize("affine", AFFINE)
+@pytest.mark.parametrize("shape", [Shape(1, 64, 96), Shape(33, 100, 96), Shape(45, 48, 200), Shape(7, 1, 5)], ids=str)
+def test_reference_mode(shape, affine, dtype, device):
     a, b, w, bias, eps = _inputs(shape, dtype, device, 3, affine)
-    ln_ref, rms_ref = _ln_reference(a, b, w, bias, eps), _rms_reference(a, b, w, eps)
-    check_outputs(split_n.layernorm_two_kernels(a, b, w, bias, eps, None, None), ln_ref, dtype)
-    check_outputs(split_n.matmul_layernorm_split_n_kernel(a, b, w, bias, eps), ln_ref, dtype)
-    check_outputs(split_n.rmsnorm_two_kernels(a, b, w, eps, None, None), rms_ref, dtype)
-    check_outputs(split_n.matmul_rmsnorm_split_n_kernel(a, b, w, eps), rms_ref, dtype)
+    for ln_kernel, rms_kernel in PAIRS:
+        check_outputs(ln_kernel(a, b, w, bias, eps), _ln_reference(a, b, w, bias, eps), dtype)
+        check_outputs(rms_kernel(a, b, w, eps), _rms_reference(a, b, w, eps), dtype)
 
 
 @pytest.mark.ref_mode
@@ -47,122 +60,161 @@ def test_large_row_mean_reference_mode(dtype, device):
     a, b, w, bias, eps = _inputs(Shape(33, 100, 96), dtype, device, 5, "weight_bias", large_mean=True)
     ref = _ln_reference(a, b, w, bias, eps)
     assert (ref[1] - 1000).abs().max() < 10  # the shift really happened
-    check_outputs(split_n.matmul_layernorm_split_n_kernel(a, b, w, bias, eps), ref, dtype)
-    check_outputs(split_n.layernorm_two_kernels(a, b, w, bias, eps, None, None), ref, dtype)
+    for ln_kernel, _ in PAIRS:
+        check_outputs(ln_kernel(a, b, w, bias, eps), ref, dtype)
 
 
-# Phase-1 tilings [tile_n, tile_m, tile_k]: 3-7 N tiles per row at N = 96 / 200, partial
-# last tiles in N and M.
-GEMM_CONFIGS = [
+# [tile_n, tile_m, tile_k]: 3-7 N tiles per row at N = 96 / 200 (a partial last one at
+# N = 200 and 100), partial last row blocks.
+CONFIGS = [
     helion.Config(block_sizes=[32, 16, 16], num_warps=4, num_stages=1),
     helion.Config(block_sizes=[64, 32, 32], num_warps=4, num_stages=2),
 ]
+INTERPRETER_SHAPES = [Shape(33, 100, 96), Shape(45, 48, 200), Shape(1, 64, 100)]
 
 
 @pytest.mark.triton_interpret
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])  # bf16 tl.dot is broken in the interpreter
-@pytest.mark.parametrize("config", GEMM_CONFIGS, ids=lambda c: "x".join(map(str, c.block_sizes)))
-@pytest.mark.parametrize("shape", [Shape(33, 100, 96), Shape(45, 48, 200), Shape(1, 64, 96)], ids=str)
-def test_two_kernels_with_several_n_tiles(shape, config, dtype):
-    a, b, w, bias, eps = _inputs(shape, dtype, "cpu", 11, "weight_bias")
-    y, mean, rstd = split_n.layernorm_two_kernels(a, b, w, bias, eps, config, split_n.APPLY_CONFIG)
-    check_outputs((y, mean, rstd), _ln_reference(a, b, w, bias, eps), dtype)
-    apply = helion.Config(block_sizes=[8, 32], num_warps=4, num_stages=1)
-    check_outputs(split_n.rmsnorm_two_kernels(a, b, w, eps, config, apply), _rms_reference(a, b, w, eps), dtype)
+@pytest.mark.parametrize("affine", ["none", "weight_bias"])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c.block_sizes)))
+@pytest.mark.parametrize("shape", INTERPRETER_SHAPES, ids=str)
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_several_n_tiles_per_row(pair, shape, config, affine, dtype):
+    a, b, w, bias, eps = _inputs(shape, dtype, "cpu", 11, affine)
+    check_outputs(_run(pair[0], (a, b, w, bias, eps), config), _ln_reference(a, b, w, bias, eps), dtype)
+    check_outputs(_run(pair[1], (a, b, w, eps), config), _rms_reference(a, b, w, eps), dtype)
 
 
 @pytest.mark.triton_interpret
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_two_kernels_large_row_mean(dtype):
-    """Mean ~1e3, spread ~1, four N tiles: the tiles are stored centred on their own means
-    and combined with Chan's formula; storing the raw tile in fp16 would lose the spread."""
-    a, b, w, bias, eps = _inputs(Shape(33, 100, 96), dtype, "cpu", 13, "weight_bias", large_mean=True)
-    out = split_n.layernorm_two_kernels(a, b, w, bias, eps, GEMM_CONFIGS[0], split_n.APPLY_CONFIG)
-    check_outputs(out, _ln_reference(a, b, w, bias, eps), dtype)
+@pytest.mark.parametrize("ramp", [0.0, 30.0])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "x".join(map(str, c.block_sizes)))
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_large_row_mean_several_n_tiles(pair, config, ramp, dtype):
+    """Mean ~1e3, 3-7 N tiles. Spread ~1: the tiles are stored centred on their own means
+    (a raw fp16 tile would lose the spread; a sum/sum-of-squares variance would cancel in
+    fp32). With a column ramp the tile means differ by ~30 and the between-tile term of
+    Chan's merge is most of the variance, so a wrong merge fails."""
+    a, b, w, bias, eps = _inputs(Shape(33, 100, 96), dtype, "cpu", 13, "weight_bias", large_mean=True, ramp=ramp)
+    ref = _ln_reference(a, b, w, bias, eps)
+    assert (ref[1] - 1000).abs().max() < 10
+    check_outputs(_run(pair[0], (a, b, w, bias, eps), config), ref, dtype)
 
 
 @pytest.mark.triton_interpret
-def test_partials_are_per_tile_statistics():
-    """The phase-1 partials of a 4-tile row: column counts 32, 32, 32, 4; each tile's mean
-    and sum of squared deviations; and the stored tile is centred on that mean."""
-    a, b, *_ = _inputs(Shape(9, 48, 100), torch.float32, "cpu", 17, "none")
-    bound = split_n.matmul_layernorm_partials_kernel.bind((a, b))
-    bound.set_config(GEMM_CONFIGS[0])
-    centred, partials = bound(a, b)
-    assert partials.shape == (9, 4, 3)
-    full = (a.double() @ b.double()).view(9, 1, 100)
-    for j, (lo, hi) in enumerate([(0, 32), (32, 64), (64, 96), (96, 100)]):
-        tile = full[:, 0, lo:hi]
-        assert torch.equal(partials[:, j, 0], torch.full((9,), float(hi - lo)))
-        torch.testing.assert_close(partials[:, j, 1].double(), tile.mean(1), rtol=1e-4, atol=1e-4)
-        dev = tile - tile.mean(1, keepdim=True)
-        torch.testing.assert_close(partials[:, j, 2].double(), dev.pow(2).sum(1), rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(centred[:, lo:hi].double(), dev, rtol=1e-4, atol=1e-4)
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_huge_row_mean_stays_finite(pair):
+    """fp32 rows with mean 2e19: the first tile's mean squared overflows fp32, and Chan's
+    merge weights it by 0; the output must stay finite (NaN never passes). Precision is lost
+    at that magnitude, so only finiteness is checked."""
+    a, b, w, bias, eps = _inputs(Shape(9, 40, 96), torch.float32, "cpu", 41, "weight_bias")
+    a[:, -1] = 1
+    b[-1, :] = 2e19
+    y, mean, rstd = _run(pair[0], (a, b, w, bias, eps), CONFIGS[0])
+    assert torch.isfinite(y).all() and torch.isfinite(rstd).all()
+    torch.testing.assert_close(mean.double(), (a.double() @ b.double()).mean(1), rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize(("n", "num_tiles", "width"), [
-    (100, 4, 32), (100, 2, 64), (100, 1, 128), (96, 3, 32), (4096, 16, 256), (5, 1, 8), (512, 4, 128),
-])
-def test_gemm_tile_width(n, num_tiles, width):
-    assert split_n.gemm_tile_width(n, num_tiles) == width
-    assert -(-n // width) == num_tiles
+@pytest.mark.ref_mode  # (the kernels' fp32 accumulators do not compile for float64 operands)
+def test_float64_is_exact(device):
+    """float64 operands (the public ops take bf16/fp16/fp32): nothing is rounded to a low
+    precision, so both kernels must agree with the reference to 1e-6; a 0.5% error in a
+    statistic (e.g. dividing by N + 1) passes the dtype tolerances but not this."""
+    a, b, w, bias, eps = _inputs(Shape(33, 100, 200), torch.float64, device, 29, "weight_bias", ramp=3.0)
+    for ln_kernel, rms_kernel in PAIRS:
+        check_outputs(ln_kernel(a, b, w, bias, eps), _ln_reference(a, b, w, bias, eps), torch.float64)
+        check_outputs(rms_kernel(a, b, w, eps), _rms_reference(a, b, w, eps), torch.float64)
 
 
 @pytest.mark.triton_interpret  # code generation only; reference mode has none
-@pytest.mark.parametrize("spec", [split_n.SPEC_LAYERNORM, split_n.SPEC_RMSNORM], ids=lambda s: s.name)
-def test_persistent_kernel_code_has_one_grid_barrier(spec):
-    """Every seed and the default config generate a persistent kernel with the barrier, whose
-    phase 2 reduces a row's partials in one block, not in a masked 4096-wide loop, also after
-    Helion's autotuner has taken the seed in (it fills a missing ``reduction_loops`` with
-    4096: what the first H200 tuning ran)."""
-    from helion.autotuner.config_generation import ConfigGeneration  # Helion 1.5 internals
-
+@pytest.mark.parametrize("kernel", [k for pair in PAIRS for k in pair], ids=lambda k: k.name)
+def test_reload_loop_follows_a_cta_barrier(kernel):
+    """The second N loop loads what the first stored, from other threads of the program:
+    Helion must put a CTA barrier between them, for the default and every seed config.
+    (If a Helion upgrade dropped it the kernel would race, and only sometimes be wrong.)"""
+    spec = row_sweep.SPEC_LAYERNORM if "layernorm" in kernel.name else row_sweep.SPEC_RMSNORM
     args = spec.make_args(Shape(64, 96, 512), torch.float16, "cpu", None)
-    bound = spec.kernel.bind(args)
-    seeds = ConfigGeneration(bound.config_spec).user_seed_flat_config_pairs(
-        [spec.default_config, *spec.seed_configs])
-    assert len(seeds) == 1 + len(spec.seed_configs)
-    for _, config in seeds:
+    bound = kernel.bind(args)
+    for config in (spec.default_config, *spec.seed_configs):
         code = bound.to_triton_code(config)
-        assert code.count("x_grid_barrier(") == 1, config
-        assert "_NUM_SM" in code
-        assert "_RDIM_SIZE" in code and "_REDUCTION_BLOCK" not in code, config
+        body = code[code.index("@triton.jit"):]
+        first_store = body.index("tl.store(y")
+        barrier = body.index("tl.debug_barrier()")
+        reload = body.index("tl.load(y")
+        assert first_store < barrier < reload, config
 
 
 def test_specs_registered():
-    from helion_kernels.kernels import SPECS
+    """One name per op: the public function, the registry file and ``--kernel``; the old
+    row-sweep names still resolve, with a deprecation warning."""
+    from helion_kernels.kernels import get_spec
 
-    assert SPECS["matmul_layernorm_split_n"] is split_n.SPEC_LAYERNORM
-    assert SPECS["matmul_rmsnorm_split_n"] is split_n.SPEC_RMSNORM
-    assert "technique 3" in split_n.SPEC_LAYERNORM.technique
+    assert get_spec("matmul_layernorm_split_n") is row_sweep.SPEC_LAYERNORM
+    assert get_spec("matmul_rmsnorm_split_n") is row_sweep.SPEC_RMSNORM
+    assert row_sweep.SPEC_LAYERNORM.name == "matmul_layernorm_split_n"
+    with pytest.warns(DeprecationWarning, match="'matmul_rmsnorm_row_sweep' is deprecated"):
+        assert get_spec("matmul_rmsnorm_row_sweep") is row_sweep.SPEC_RMSNORM
+    assert "technique 3" in row_sweep.SPEC_RMSNORM.technique
 
 
-def _with_stages(config: helion.Config, stages: int | None) -> helion.Config:
-    return config if stages is None else helion.Config(**{**config.config, "num_stages": stages})
+# Each seed tiling once, on shapes with several N tiles, a partial last tile and M = 1;
+# fp32 operands get two stages so that they fit in shared memory.
+CUDA_CASES = [
+    (Shape(1000, 512, 4096), torch.bfloat16, 0),
+    (Shape(333, 256, 1000), torch.bfloat16, 1),
+    (Shape(1, 64, 520), torch.bfloat16, 2),
+    (Shape(333, 256, 1000), torch.float32, 3),
+    (Shape(1000, 512, 4096), torch.float32, 4),
+]
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("shape", [Shape(1000, 512, 4096), Shape(333, 256, 1000)], ids=str)
-def test_cuda_both_candidates(shape, dtype):
-    a, b, w, bias, eps = _inputs(shape, dtype, "cuda", 19, "weight_bias", large_mean=True)
-    ref = _ln_reference(a, b, w, bias, eps)
-    # A bf16 seed tiling; fp32 operands need half its stages to fit in shared memory.
-    stages = 2 if dtype == torch.float32 else None
-    gemm = _with_stages(split_n.SPEC_LAYERNORM.seed_configs[1], stages)
-    gemm3 = helion.Config(**{**gemm.config, "block_sizes": gemm.block_sizes[:3]})
-    check_outputs(split_n.layernorm_two_kernels(a, b, w, bias, eps, gemm3), ref, dtype)
-    bound = split_n.matmul_layernorm_split_n_kernel.bind((a, b, w, bias, eps))
-    bound.set_config(gemm)
-    check_outputs(bound(a, b, w, bias, eps), ref, dtype)
-    # RMSNorm: both candidates, with the seed tiling of the RMSNorm spec.
-    ref = _rms_reference(a, b, w, eps)
-    gemm = _with_stages(split_n.SPEC_RMSNORM.seed_configs[1], stages)
-    gemm3 = helion.Config(**{**gemm.config, "block_sizes": gemm.block_sizes[:3]})
-    check_outputs(split_n.rmsnorm_two_kernels(a, b, w, eps, gemm3, split_n.RMS_APPLY_CONFIG), ref, dtype)
-    bound = split_n.matmul_rmsnorm_split_n_kernel.bind((a, b, w, eps))
-    bound.set_config(gemm)
-    check_outputs(bound(a, b, w, eps), ref, dtype)
+@pytest.mark.parametrize(("shape", "dtype", "seed"), CUDA_CASES, ids=lambda v: str(v).replace("torch.", ""))
+@pytest.mark.parametrize("pair", PAIRS, ids=PAIR_IDS)
+def test_cuda_seed_configs(pair, shape, dtype, seed):
+    """Rows with mean 1e3, spread 1 and a column ramp, both norms, affine on."""
+    config = row_sweep.SPEC_LAYERNORM.seed_configs[seed]
+    if dtype == torch.float32:
+        config = helion.Config(**{**config.config, "num_stages": 2})
+    a, b, w, bias, eps = _inputs(shape, dtype, "cuda", 19, "weight_bias", large_mean=True, ramp=3.0)
+    check_outputs(_run(pair[0], (a, b, w, bias, eps), config), _ln_reference(a, b, w, bias, eps), dtype)
+    check_outputs(_run(pair[1], (a, b, w, eps), config), _rms_reference(a, b, w, eps), dtype)
+
+
+def test_cuda_cases_cover_every_seed():
+    assert sorted(seed for *_, seed in CUDA_CASES) == list(range(len(row_sweep.SPEC_LAYERNORM.seed_configs)))
+
+
+@pytest.mark.ref_mode  # CPU tensors: the public ops refuse them outside interpret modes
+def test_public_split_n_functions_run_the_row_sweep(monkeypatch):
+    """``matmul_{layernorm,rmsnorm}_split_n`` launch this module's specs (the fastest split-N
+    version on the H200), after validating their inputs."""
+    from helion_kernels import matmul_layernorm_split_n, matmul_rmsnorm_split_n
+
+    launched = []
+    monkeypatch.setattr(runtime, "launch", lambda spec, args: launched.append(spec.name) or spec.reference(*args))
+    a, b, w, bias, eps = _inputs(Shape(5, 16, 24), torch.float32, "cpu", 31, "weight_bias")
+    check_outputs(matmul_layernorm_split_n(a, b, w, bias, eps), _ln_reference(a, b, w, bias, eps)[0], torch.float32)
+    check_outputs(matmul_rmsnorm_split_n(a, b, w, eps), _rms_reference(a, b, w, eps)[0], torch.float32)
+    assert launched == ["matmul_layernorm_split_n", "matmul_rmsnorm_split_n"]
+    with pytest.raises(ValueError, match="mismatched K"):
+        matmul_rmsnorm_split_n(a, b[:3])
+    assert len(launched) == 2
+
+
+@pytest.mark.cuda
+def test_cuda_public_functions_without_registry(registry_dir):
+    """An empty registry: the default config, a warning, and correct outputs."""
+    from helion_kernels import matmul_layernorm_split_n, matmul_rmsnorm_split_n
+    from helion_kernels.registry import ConfigFallbackWarning
+
+    a, b, w, bias, eps = _inputs(Shape(777, 320, 1536), torch.bfloat16, "cuda", 37, "weight_bias", large_mean=True)
+    with pytest.warns(ConfigFallbackWarning, match="default config"):
+        y = matmul_layernorm_split_n(a, b, w, bias, eps, return_stats=True)
+    check_outputs(y, _ln_reference(a, b, w, bias, eps), torch.bfloat16)
+    with pytest.warns(ConfigFallbackWarning, match="default config"):
+        y = matmul_rmsnorm_split_n(a, b, w, eps, return_rstd=True)
+    check_outputs(y, _rms_reference(a, b, w, eps), torch.bfloat16)
 
 
 # --- the public functions --------------------------------------------------------------

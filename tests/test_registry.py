@@ -1,4 +1,5 @@
-"""The config registry: round trip, atomic writes, corrupt files, lookup rules."""
+"""The config registry: round trip, atomic writes, corrupt files, the user and shipped layers,
+lookup rules (exact / nearest / same architecture / default)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,11 @@ import pytest
 import torch
 
 from helion_kernels import registry
-from helion_kernels.kernels.spec import AttentionShape, Shape
+from helion_kernels.spec import AttentionShape, Shape
 from helion_kernels.registry import ConfigFallbackWarning, Entry, RegistryError
 
 CFG_A = helion.Config(block_sizes=[64, 128, 64], num_warps=8, num_stages=3)
 CFG_B = helion.Config(block_sizes=[128, 64, 32], num_warps=4, num_stages=4, indexing="tensor_descriptor")
-DEFAULT = helion.Config(block_sizes=[16, 16, 16])
 
 
 def _entry(m, k, n, cfg=CFG_A, dtype="bfloat16", **meta):
@@ -26,7 +26,7 @@ def test_round_trip_keeps_config_and_meta(registry_dir):
     path = registry.save_entry("k", "gpu_x", e, gpu_name="GPU X")
     assert path == registry_dir / "gpu_x" / "k.json"
     loaded = registry.load_entries(path)[(65536, 1024, 512, "bfloat16")]
-    assert loaded.config == CFG_B
+    assert helion.Config(**loaded.config) == CFG_B
     assert loaded.meta == {"latency_ms": 0.25, "versions": {"helion": "1.5.0"}}
     assert json.loads(path.read_text())["gpu"] == "GPU X"
 
@@ -37,7 +37,7 @@ def test_save_adds_and_replaces_without_losing_entries(registry_dir):
     registry.save_entry("k", "g", _entry(1, 2, 3, CFG_B))
     entries = registry.entries_for("k", "g")
     assert set(entries) == {(1, 2, 3, "bfloat16"), (4, 5, 6, "bfloat16")}
-    assert entries[(1, 2, 3, "bfloat16")].config == CFG_B
+    assert helion.Config(**entries[(1, 2, 3, "bfloat16")].config) == CFG_B
     assert not list((registry_dir / "g").glob("*.tmp")), "temporary files left behind"
 
 
@@ -97,20 +97,73 @@ def test_tie_goes_to_larger_shape():
     assert registry.nearest_entry(entries, Shape(131072, 1024, 1024), "bfloat16").shape.M == 262144
 
 
-def test_resolve_exact_nearest_default(registry_dir):
-    registry.save_entry("k", "g", _entry(64, 64, 64, CFG_B))
-    exact = registry.resolve("k", DEFAULT, Shape(64, 64, 64), torch.bfloat16, "g")
-    assert (exact.source, exact.config) == ("exact", CFG_B)
+def test_lookup_exact_nearest_default(registry_dir):
+    registry.save_entry("k", "g_sm90", _entry(64, 64, 64, CFG_B))
+    exact = registry.lookup("k", Shape(64, 64, 64), torch.bfloat16, "g_sm90")
+    assert (exact.source, helion.Config(**exact.entry.config)) == ("exact", CFG_B)
     with pytest.warns(ConfigFallbackWarning, match="using the one tuned for 64x64x64 bfloat16"):
-        near = registry.resolve("k", DEFAULT, Shape(128, 64, 64), torch.bfloat16, "g")
-    assert (near.source, near.config) == ("nearest", CFG_B)
-    with pytest.warns(ConfigFallbackWarning, match="no config for other_gpu.*helion-kernels autotune"):
-        default = registry.resolve("k", DEFAULT, Shape(128, 64, 64), torch.bfloat16, "other_gpu")
-    assert (default.source, default.config) == ("default", DEFAULT)
+        near = registry.lookup("k", Shape(128, 64, 64), torch.bfloat16, "g_sm90")
+    assert (near.source, near.entry.shape) == ("nearest", Shape(64, 64, 64))
+    with pytest.warns(ConfigFallbackWarning, match="no config for other_gpu_sm80.*helion-kernels autotune"):
+        default = registry.lookup("k", Shape(128, 64, 64), torch.bfloat16, "other_gpu_sm80")
+    assert (default.source, default.entry) == ("default", None)
     # fp32 elements: the bf16 entry's tiling is not used; the default is, and the warning says why.
-    with pytest.warns(ConfigFallbackWarning, match="no config for float32 or a dtype of its size for g "):
-        default = registry.resolve("k", DEFAULT, Shape(64, 64, 64), torch.float32, "g")
-    assert (default.source, default.config) == ("default", DEFAULT)
+    with pytest.warns(ConfigFallbackWarning, match="no config for float32 or a dtype of its size for g_sm90;"):
+        default = registry.lookup("k", Shape(64, 64, 64), torch.float32, "g_sm90")
+    assert default.source == "default"
+
+
+def test_same_architecture_entries_are_nearest_never_exact(registry_dir):
+    """An H100 next to the H200's sm_90 entries: those, as *nearest* (so the runtime still fits
+    them to the device), with a warning naming the GPU they were tuned on; another
+    architecture gets the default."""
+    registry.save_entry("k", "nvidia_h200_sm90", _entry(64, 64, 64, CFG_B))
+    registry.save_entry("k", "nvidia_h200_sm90", _entry(64, 64, 128, CFG_A))
+    registry.save_entry("k", "tiny_gpu_sm90", _entry(64, 64, 64, CFG_A))
+    with pytest.warns(ConfigFallbackWarning, match=r"64x64x64 bfloat16 on nvidia_h200_sm90 \(same architecture\)"):
+        found = registry.lookup("k", Shape(64, 64, 64), torch.bfloat16, "nvidia_h100_80gb_hbm3_sm90")
+    assert (found.source, found.gpu) == ("nearest", "nvidia_h200_sm90")  # the GPU with more entries
+    assert helion.Config(**found.entry.config) == CFG_B
+    with pytest.warns(ConfigFallbackWarning, match="default config"):
+        assert registry.lookup("k", Shape(64, 64, 64), torch.bfloat16, "nvidia_a100_sm80").source == "default"
+    # A GPU with entries of its own for the kernel uses only those.
+    registry.save_entry("k", "nvidia_h100_80gb_hbm3_sm90", _entry(1, 1, 1))
+    with pytest.warns(ConfigFallbackWarning, match="using the one tuned for 1x1x1 bfloat16. Tune"):
+        assert registry.lookup("k", Shape(64, 64, 64), torch.bfloat16, "nvidia_h100_80gb_hbm3_sm90").entry.shape == Shape(1, 1, 1)
+
+
+def test_user_registry_layers_over_the_shipped_one(tmp_path, monkeypatch):
+    """Lookups see both layers (the user's entry wins per key); writes go to the user
+    registry only, never into the shipped one."""
+    shipped, user = tmp_path / "shipped", tmp_path / "user"
+    monkeypatch.setattr(registry, "shipped_dir", lambda: shipped)
+    monkeypatch.setenv("HELION_KERNELS_CONFIG_DIR", str(user))
+    (shipped / "g_sm90").mkdir(parents=True)
+    doc = {"format": 1, "kernel": "k", "gpu": "G", "entries": [
+        _entry(1, 2, 3, CFG_A, latency_ms=1.0).to_json(), _entry(4, 5, 6, CFG_A).to_json()]}
+    (shipped / "g_sm90" / "k.json").write_text(json.dumps(doc))
+    before = (shipped / "g_sm90" / "k.json").read_text()
+    path = registry.save_entry("k", "g_sm90", _entry(1, 2, 3, CFG_B, latency_ms=0.5))
+    assert path == user / "g_sm90" / "k.json" == registry.registry_path("k", "g_sm90")
+    assert (shipped / "g_sm90" / "k.json").read_text() == before
+    entries = registry.entries_for("k", "g_sm90")
+    assert set(entries) == {(1, 2, 3, "bfloat16"), (4, 5, 6, "bfloat16")}
+    assert entries[(1, 2, 3, "bfloat16")].meta == {"latency_ms": 0.5}
+    assert registry.lookup("k", Shape(4, 5, 6), torch.bfloat16, "g_sm90").source == "exact"  # shipped
+    assert registry.known_gpus() == ["g_sm90"]
+
+
+def test_default_user_registry_is_outside_the_package(monkeypatch, tmp_path):
+    monkeypatch.delenv("HELION_KERNELS_CONFIG_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert registry.user_dir() == tmp_path / "helion-kernels" / "configs"
+    assert registry.shipped_dir().name in ("configs", "_configs")
+
+
+def test_shipped_registry_resolves_h200_shapes_exactly(monkeypatch):
+    """With an empty user registry, a tuned H200 shape resolves exact from the shipped one."""
+    found = registry.lookup("rmsnorm_matmul", Shape(65536, 1024, 1024), "bfloat16", "nvidia_h200_sm90")
+    assert found.source == "exact" and found.entry.meta["latency_ms"] > 0
 
 
 def test_gpu_key(monkeypatch):
@@ -121,15 +174,20 @@ def test_gpu_key(monkeypatch):
 
 
 def test_committed_registry_files_are_valid():
-    """Every committed registry file loads, and its configs are Helion configs."""
-    import os
+    """Every committed registry file loads, is named for a known op, and its configs are
+    Helion configs that measured correct (the derived producer tilings of
+    matmul_rmsnorm_matmul keep their source entry's record)."""
+    from helion_kernels.kernels import CATALOG
 
-    os.environ.pop("HELION_KERNELS_CONFIG_DIR", None)
-    for gpu in registry.known_gpus():
-        for path in (registry.config_dir() / gpu).glob("*.json"):
-            for entry in registry.load_entries(path).values():
-                assert entry.config.block_sizes, f"{path}: {entry.key} has no block sizes"
-                assert entry.meta["latency_ms"] > 0 and entry.meta["rel_error"] < 3e-2
+    paths = sorted(registry.shipped_dir().glob("*/*.json"))
+    assert paths
+    for path in paths:
+        assert path.stem in CATALOG, f"{path}: not an op name"
+        assert json.loads(path.read_text())["kernel"] == path.stem
+        for entry in registry.load_entries(path).values():
+            assert helion.Config(**entry.config).block_sizes, f"{path}: {entry.key} has no block sizes"
+            record = entry.meta.get("source_entry", entry.meta)
+            assert record["latency_ms"] > 0 and record["rel_error"] < 3e-2
 
 
 def test_remove_entry_keeps_the_rest_and_the_gpu_name(registry_dir):
@@ -161,9 +219,9 @@ def test_attention_entries_round_trip_and_resolve(registry_dir):
     assert set(entries) == {(2, 128, "bfloat16"), (8, 128, "bfloat16")}
     assert entries[(2, 128, "bfloat16")].shape == AttentionShape(2, 128)
     assert entries[(2, 128, "bfloat16")].meta == {"latency_ms": 1.0}
-    assert registry.resolve("fna", DEFAULT, AttentionShape(8, 128), torch.bfloat16, "g").source == "exact"
+    assert registry.lookup("fna", AttentionShape(8, 128), torch.bfloat16, "g").source == "exact"
     with pytest.warns(ConfigFallbackWarning, match=r"H4xD128 .* --kernel fna --workload fna --where 'H == 4 and D == 128'"):
-        near = registry.resolve("fna", DEFAULT, AttentionShape(4, 128), torch.bfloat16, "g")
+        near = registry.lookup("fna", AttentionShape(4, 128), torch.bfloat16, "g")
     assert near.source == "nearest" and near.entry.shape == AttentionShape(8, 128)  # tie: larger
     assert registry.nearest_entry(entries, Shape(1, 2, 3), "bfloat16") is None
 

@@ -12,7 +12,7 @@ from helion_kernels.kernels.rmsnorm_matmul import (
     rmsnorm_matmul_kernel,
     rmsnorm_matmul_reference,
 )
-from helion_kernels.kernels.spec import Shape
+from helion_kernels.spec import Shape
 from helion_kernels.verify import check_outputs
 
 from _seeds import stable_seed

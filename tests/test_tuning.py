@@ -8,7 +8,7 @@ import torch
 from helion_kernels import tuning
 from helion_kernels.verify import verify_config
 from helion_kernels.kernels import get_spec
-from helion_kernels.kernels.spec import Shape
+from helion_kernels.spec import Shape
 
 
 def test_options_are_validated():
@@ -18,9 +18,9 @@ def test_options_are_validated():
         tuning.TuneOptions(budget_seconds=0)
 
 
-def test_tune_shape_refuses_cpu():
+def test_tune_problem_refuses_cpu():
     with pytest.raises(ValueError, match="needs a CUDA device"):
-        tuning.tune_shape(get_spec("matmul"), Shape(8, 8, 8), torch.bfloat16, tuning.TuneOptions(), torch.device("cpu"))
+        tuning.tune_problem(get_spec("matmul"), Shape(8, 8, 8), torch.bfloat16, tuning.TuneOptions(), torch.device("cpu"))
 
 
 def test_a_failing_shape_does_not_stop_the_sweep(monkeypatch):
@@ -29,9 +29,9 @@ def test_a_failing_shape_does_not_stop_the_sweep(monkeypatch):
             raise RuntimeError("compile failed")
         return tuning.TuneResult(shape, "tuned", 0.1, "ok")
 
-    monkeypatch.setattr(tuning, "tune_shape", fake)
+    monkeypatch.setattr(tuning, "tune_problem", fake)
     shapes = [Shape(1, 8, 8), Shape(2, 8, 8), Shape(3, 8, 8)]
-    results = tuning.tune_shapes(get_spec("matmul"), shapes, torch.bfloat16, tuning.TuneOptions(), torch.device("cpu"))
+    results = tuning.tune(get_spec("matmul"), shapes, torch.bfloat16, tuning.TuneOptions(), torch.device("cpu"))
     assert [r.status for r in results] == ["tuned", "failed", "tuned"]
     assert "RuntimeError: compile failed" in results[1].message
 
@@ -70,3 +70,15 @@ def test_verify_config_rejects(spoil_call, match):
     with pytest.raises(VerificationError, match=match):
         verify_config(_FakeBound(spec, spoil_call), spec, Shape(16, 32, 8), torch.float32,
                              torch.device("cpu"), seed=1)
+
+
+def test_accuracy_check_compares_summed_partials():
+    """The producer of matmul_rmsnorm_matmul writes per-tile partials whose count depends on
+    the tiling: candidates are compared after ``spec.compare_outputs`` (a row total)."""
+    spec = get_spec("matmul_rmsnorm_matmul")
+    args = spec.make_args(Shape(6, 16, 12), torch.float32, "cpu", 0)
+    x, row_sumsq = spec.reference(*args)
+    partials = torch.stack([(x[:, :8] ** 2).sum(1), (x[:, 8:] ** 2).sum(1)], dim=1)  # two N tiles
+    tuning._accuracy_check((x, partials), (x, row_sumsq), spec, torch.float32)
+    with pytest.raises(AssertionError):
+        tuning._accuracy_check((x, partials * 1.1), (x, row_sumsq), spec, torch.float32)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from helion_kernels import workloads
-from helion_kernels.kernels.spec import Shape
+from helion_kernels.spec import Shape
 
 
 def test_prenorm_table_matches_the_brief():

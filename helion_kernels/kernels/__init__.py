@@ -1,27 +1,70 @@
-"""One module per fusion strategy; each exposes a :class:`~.spec.KernelSpec` named SPEC."""
+"""Helion kernels, one module per fusion strategy, each beside its fp32 reference.
+
+Every kernel a public op tunes is described by a :class:`~helion_kernels.spec.KernelSpec`
+under the op's name. This package's ``__init__`` imports none of the kernel modules
+(``import helion`` takes seconds): :func:`get_spec` imports the one asked for.
+"""
 
 from __future__ import annotations
 
-from . import matmul, postnorm_full_row, postnorm_row_sweep, postnorm_split_n, rmsnorm_matmul
-from .spec import KernelSpec, Shape
+import importlib
+import warnings
 
-SPECS: dict[str, KernelSpec] = {
-    spec.name: spec
-    for spec in (matmul.SPEC, rmsnorm_matmul.SPEC, postnorm_full_row.SPEC_LAYERNORM,
-                 postnorm_full_row.SPEC_RMSNORM, postnorm_split_n.SPEC_LAYERNORM,
-                 postnorm_split_n.SPEC_RMSNORM, postnorm_row_sweep.SPEC_LAYERNORM,
-                 postnorm_row_sweep.SPEC_RMSNORM)
+from ..spec import KernelSpec
+from . import cpu_reference_mode
+
+cpu_reference_mode.install()  # a no-op unless HELION_INTERPRET is set
+
+# op / registry / --kernel name -> (module, spec attribute, technique)
+CATALOG: dict[str, tuple[str, str, str]] = {
+    "matmul": ("matmul", "SPEC", "plain Helion GEMM (the baseline of the blog's metric)"),
+    "rmsnorm_matmul": ("rmsnorm_matmul", "SPEC", "deferred pre-norm: rms_norm(a) @ b (technique 2)"),
+    "matmul_layernorm": ("postnorm_full_row", "SPEC_LAYERNORM",
+                         "full-row post-norm: layer_norm(a @ b), N <= 2048 (technique 1)"),
+    "matmul_rmsnorm": ("postnorm_full_row", "SPEC_RMSNORM",
+                       "full-row post-norm: rms_norm(a @ b), N <= 2048 (technique 1)"),
+    "matmul_layernorm_split_n": ("postnorm_split_n", "SPEC_LAYERNORM",
+                                 "split-N post-norm, row sweep: layer_norm(a @ b), any N (technique 3)"),
+    "matmul_rmsnorm_split_n": ("postnorm_split_n", "SPEC_RMSNORM",
+                               "split-N post-norm, row sweep: rms_norm(a @ b), any N (technique 3)"),
+    "matmul_rmsnorm_matmul": ("postnorm_deferred", "SPEC",
+                              "rms_norm(a @ b) @ c, the norm deferred into the next GEMM (technique 3); "
+                              "tunes the first GEMM"),
+    "flash_norm_attention": ("flash_norm_attention", "SPEC",
+                             "FlashNormAttention on jagged GDPA (technique 4)"),
+}
+
+# Old --kernel / registry names, kept as aliases that warn.
+DEPRECATED = {
+    "matmul_layernorm_row_sweep": "matmul_layernorm_split_n",
+    "matmul_rmsnorm_row_sweep": "matmul_rmsnorm_split_n",
 }
 
 
+def canonical_name(name: str) -> str:
+    """``name``, or the current name of a deprecated one (with a DeprecationWarning).
+
+    Raises:
+        ValueError: an unknown name, listing the known ones.
+    """
+    if name in DEPRECATED:
+        new = DEPRECATED[name]
+        warnings.warn(f"kernel name {name!r} is deprecated; it is now {new!r}", DeprecationWarning,
+                      stacklevel=2)
+        return new
+    if name not in CATALOG:
+        raise ValueError(f"unknown kernel {name!r}; known kernels: {', '.join(sorted(CATALOG))}")
+    return name
+
+
 def get_spec(name: str) -> KernelSpec:
-    """The spec registered under ``name``; ValueError listing the known names otherwise."""
-    try:
-        return SPECS[name]
-    except KeyError:
-        raise ValueError(
-            f"unknown kernel {name!r}; known kernels: {', '.join(sorted(SPECS))}"
-        ) from None
+    """The spec of the op ``name`` (importing its kernel module, and Helion, on first use).
+
+    Raises:
+        ValueError: an unknown name, listing the known ones.
+    """
+    module, attr, _ = CATALOG[canonical_name(name)]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
 
 
-__all__ = ["SPECS", "KernelSpec", "Shape", "get_spec"]
+__all__ = ["CATALOG", "DEPRECATED", "canonical_name", "get_spec"]

@@ -16,14 +16,12 @@ program: ``q`` is read from memory once and ``out`` written once (plus re-reads 
 of the program's own fresh writes from L1/L2). Programs run per (Q tile, sequence), up to
 ``max_seq_len_q`` rows per sequence: the caller guarantees that bound.
 
-Two kernels, same contract and config layout ``block_sizes = [tile_kv, tile_q]``:
-
-* :func:`flash_norm_attention_kernel` (the one :func:`helion_kernels.flash_norm_attention`
-  runs) walks the heads with 2-D dots, writes each head's un-normalised ``o_h`` and, once the
-  RMSNorm statistic over all heads is known, re-reads and rescales it;
-* :func:`flash_norm_attention_all_heads_kernel` holds the [tile_q, H*D] tile in registers and
-  runs batched 3-D dots over all heads, which limits Q tiles to 16-32 rows at H*D = 1024 and measured
-  slower on the H200 (``bench/results/nvidia_h200_sm90/flash_norm_attention_configs_*.md``).
+:func:`flash_norm_attention_kernel` walks the heads with 2-D dots, writes each head's
+un-normalised ``o_h`` and, once the RMSNorm statistic over all heads is known, re-reads and
+rescales it. (An all-heads variant that holds the [tile_q, H*D] tile in registers and runs
+batched 3-D dots, ``bench/variants/flash_norm_attention_all_heads.py``, limits Q tiles to
+16-32 rows at H*D = 1024 and measured slower on the H200:
+``bench/results/nvidia_h200_sm90/flash_norm_attention_configs_*.md``.)
 
 The sequence's K and V (at most :data:`MAX_SEQ_LEN_KV` = 128 rows, the regime of the
 technique and the hard limit declared here) are walked in KV tiles of a registered block
@@ -36,90 +34,26 @@ before launch (the unfused :func:`~helion_kernels.gdpa` has no such limit).
 
 from __future__ import annotations
 
+import functools
+
 import helion
 import helion.language as hl
 import torch
 import torch.nn.functional as F
 
-from .gdpa import ACTIVATIONS, activation_fn, apply_activation, gdpa_reference
-
-MAX_SEQ_LEN_KV = 128
+from ..spec import AttentionRow, AttentionShape, KernelSpec
+from .gdpa import activation_fn, apply_activation, gdpa_kernel, gdpa_reference, random_jagged_inputs
+from .limits import ACTIVATIONS, MAX_SEQ_LEN_KV
 
 __all__ = [
-    "ACTIVATIONS",
-    "MAX_SEQ_LEN_KV",
-    "ALL_HEADS_DEFAULT_CONFIG",
-    "ALL_HEADS_SEED_CONFIGS",
     "DEFAULT_CONFIG",
     "SEED_CONFIGS",
-    "flash_norm_attention_all_heads_kernel",
+    "SPEC",
     "flash_norm_attention_kernel",
     "flash_norm_attention_reference",
     "norm_block",
     "unfused_block",
 ]
-
-
-# Dynamic totals, H and D specialised (see gdpa_kernel); configs are keyed by (H, D, dtype).
-@helion.kernel(static_shapes=False)
-def flash_norm_attention_all_heads_kernel(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_offsets: torch.Tensor,
-    kv_offsets: torch.Tensor,
-    max_seq_len_q: int,
-    ln_weight: torch.Tensor | None,
-    ln_bias: torch.Tensor | None,
-    rms_weight: torch.Tensor | None,
-    eps: float,
-    qk_scale: float,
-    activation: int,
-) -> torch.Tensor:
-    """Same contract as :func:`flash_norm_attention_kernel`, all heads at once: the
-    [tile_q, H, D] tile is held in registers and both GEMMs are batched 3-D dots over H.
-    Measured slower than the per-head kernel; kept as the alternative the config sweep
-    times. Config ``block_sizes`` = [tile_kv (16 to 128), tile_q (16 to 64)]."""
-    num_heads = hl.specialize(q.size(1))
-    head_dim = hl.specialize(q.size(2))
-    act = hl.specialize(activation)
-    width = num_heads * head_dim
-    # At most 128 rows: a KV sequence takes 1 to 8 tiles (the wrapper refuses longer ones).
-    block_kv = hl.register_block_size(16, MAX_SEQ_LEN_KV)
-    block_q = hl.register_block_size(16, 64)
-    batch = q_offsets.size(0) - 1
-    out = torch.empty_like(q)
-    # One program per (Q tile, sequence), Q tiles fastest: a sequence's programs run together
-    # and share its K/V in L2. The inner tile loop runs once (a masked partial tile at the end
-    # of a sequence) or not at all (past its end).
-    for q_block, seq in hl.grid([(max_seq_len_q + block_q - 1) // block_q, batch]):
-        q_end = q_offsets[seq + 1]
-        begin = q_offsets[seq] + q_block * block_q
-        kv_start = kv_offsets[seq]
-        kv_end = kv_offsets[seq + 1]
-        for tile_q in hl.tile(begin, torch.minimum(begin + block_q, q_end), block_size=block_q):
-            x = q[tile_q, :, :].to(torch.float32)  # [tq, H, D]
-            mean = torch.sum(torch.sum(x, dim=2), dim=1) / width
-            centred = x - mean[:, None, None]
-            var = torch.sum(torch.sum(centred * centred, dim=2), dim=1) / width
-            ln = centred * torch.rsqrt(var + eps)[:, None, None]
-            if ln_weight is not None:
-                ln = ln * ln_weight[None, :, :].to(torch.float32)
-            if ln_bias is not None:
-                ln = ln + ln_bias[None, :, :].to(torch.float32)
-            ln_heads = ln.to(q.dtype).permute(1, 0, 2)  # [H, tq, D]
-            acc = torch.zeros_like(ln_heads, dtype=torch.float32)  # [H, tq, D] as loaded
-            for tile_kv in hl.tile(kv_start, kv_end, block_size=block_kv):
-                s = torch.bmm(ln_heads, k[tile_kv, :, :].permute(1, 2, 0)) * qk_scale  # [H, tq, tkv]
-                p = apply_activation(s, act)
-                acc = torch.baddbmm(acc, p.to(v.dtype), v[tile_kv, :, :].permute(1, 0, 2))
-            o = acc.permute(1, 0, 2) + ln  # [tq, H, D], the first residual
-            mean_sq = torch.sum(torch.sum(o * o, dim=2), dim=1) / width
-            y = o * torch.rsqrt(mean_sq + eps)[:, None, None]
-            if rms_weight is not None:
-                y = y * rms_weight[None, :, :].to(torch.float32)
-            out[tile_q, :, :] = (y + x).to(out.dtype)  # the second residual
-    return out
 
 
 @helion.kernel(static_shapes=False)
@@ -200,26 +134,14 @@ def flash_norm_attention_kernel(
     return out
 
 
-# block_sizes = [tile_kv, tile_q] for both kernels.
-# The shipped per-head kernel works on [tile_q, D] and [tile_kv, D] tiles, as the GDPA kernel
-# (whose block_sizes order is the reverse, [tile_q, tile_kv]).
+# block_sizes = [tile_kv, tile_q]. The kernel works on [tile_q, D] and [tile_kv, D] tiles, as
+# the GDPA kernel (whose block_sizes order is the reverse, [tile_q, tile_kv]).
 DEFAULT_CONFIG = helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2)
 SEED_CONFIGS = tuple(
     helion.Config(block_sizes=[kv, tq], num_warps=w, num_stages=st)
     for kv, tq, w, st in ((64, 64, 4, 2), (32, 64, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3),
                           (64, 64, 8, 2), (128, 64, 4, 2), (64, 128, 8, 2), (128, 128, 8, 2))
 )
-# The all-heads kernel holds [tile_q, H*D] fp32 tiles in registers and [tile_kv, H*D] K and V
-# tiles in shared memory, so both shrink as H*D grows. Its default needs 2 x 16 x H*D x 2
-# bytes of K/V per stage: 64 KiB at H*D = 1024.
-ALL_HEADS_DEFAULT_CONFIG = helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1)
-ALL_HEADS_SEED_CONFIGS = tuple(
-    helion.Config(block_sizes=[kv, tq], num_warps=w, num_stages=st)
-    for kv, tq, w, st in ((16, 16, 4, 1), (32, 16, 4, 2), (32, 16, 8, 1), (64, 16, 8, 1),
-                          (32, 32, 8, 1), (64, 32, 8, 2), (128, 16, 8, 1), (128, 32, 8, 2))
-)
-
-
 def flash_norm_attention_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -308,3 +230,97 @@ def norm_block(
     ln = F.layer_norm(q.reshape(total, width), (width,), ln_weight, ln_bias, eps).view(total, heads, dim)
     o = attend(ln) + ln
     return F.rms_norm(o.reshape(total, width), (width,), rms_weight, eps).view(total, heads, dim) + q
+
+
+# --- what tuning and the benchmark need (KernelSpec) ---------------------------------------
+
+EPS = 1e-5
+ACTIVATION = "fast_gelu"
+
+
+def make_args(row: AttentionRow, dtype: torch.dtype, device, seed: int | None) -> tuple:
+    """Kernel arguments for a workload row: (q, k, v, q_offsets, kv_offsets, max_seq_len_q,
+    ln_weight [H, D], ln_bias, rms_weight, eps, qk_scale, activation index), the ads-model
+    block of the blog (affine parameters near 1 and 0, ``fast_gelu``). Tensor values are drawn
+    from ``seed`` (None: 0); the Q lengths from the row's own seed, so every draw has the
+    same lengths."""
+    seed = 0 if seed is None else seed
+    q, k, v, qo, ko = random_jagged_inputs(row.q_lengths(), [row.seq_len_kv] * row.batch, row.H,
+                                           row.D, dtype, device, seed)
+    gen = torch.Generator(device=device).manual_seed(seed + 1_000_003)
+    params = [(1.0 if i != 1 else 0.0) + 0.1 * torch.randn(row.H, row.D, generator=gen, device=device)
+              for i in range(3)]  # ln_weight ~ 1, ln_bias ~ 0, rms_weight ~ 1
+    return (q, k, v, qo, ko, row.max_seq_len_q, *(p.to(dtype) for p in params), EPS, 1.0,
+            ACTIVATIONS.index(ACTIVATION))
+
+
+def kernel_reference(q, k, v, qo, ko, max_seq_len_q, ln_weight, ln_bias, rms_weight, eps, qk_scale,
+                     activation) -> tuple[torch.Tensor]:
+    """:func:`flash_norm_attention_reference` on the kernel's arguments."""
+    return (flash_norm_attention_reference(q, k, v, qo, ko, ln_weight, ln_bias, rms_weight, eps,
+                                           qk_scale, ACTIVATIONS[activation]),)
+
+
+def key_of(args: tuple):
+    """Registry key of a call: (H, D) of ``q``."""
+    return AttentionShape(int(args[0].shape[1]), int(args[0].shape[2]))
+
+
+def min_bytes(row: AttentionRow, dtype: torch.dtype) -> int:
+    """Read q, k, v once and write out once."""
+    total_q, total_kv = sum(row.q_lengths()), row.batch * row.seq_len_kv
+    return dtype.itemsize * row.H * row.D * (2 * total_q + 2 * total_kv)
+
+
+def flops(row: AttentionRow) -> int:
+    """Two GEMMs per head and sequence: 2 * 2 * len_q * len_kv * D * H."""
+    return 4 * row.H * row.D * row.seq_len_kv * sum(row.q_lengths())
+
+
+@functools.cache
+def compiled_unfused_block():
+    """:func:`unfused_block` under ``torch.compile(dynamic=True)``: jagged totals change
+    every batch, so one dynamic-shape compile serves every row."""
+    return torch.compile(unfused_block, dynamic=True)
+
+
+def _baselines(q, k, v, qo, ko, max_seq_len_q, ln_weight, ln_bias, rms_weight, eps, qk_scale,
+               activation) -> dict:
+    """The unfused block a PyTorch user writes (eager and compiled), and this package's
+    unfused GDPA kernel between eager norms; all take [H * D] affine parameters."""
+    max_kv = int((ko[1:] - ko[:-1]).max()) if ko.numel() > 1 else 0
+    act = ACTIVATIONS[activation]
+    flat = [p.reshape(-1) for p in (ln_weight, ln_bias, rms_weight)]
+
+    def block(fn):
+        return lambda: fn(q, k, v, qo, ko, max_seq_len_q, max_kv, *flat, eps, qk_scale, act)
+
+    def gdpa_eager_norms():
+        return norm_block(q, lambda ln: gdpa_kernel(ln, k, v, qo, ko, max_seq_len_q, qk_scale, activation),
+                          *flat, eps)
+
+    return {
+        "unfused_compiled": block(compiled_unfused_block()),
+        "unfused_eager": block(unfused_block),
+        "gdpa+eager_norms": gdpa_eager_norms,
+    }
+
+
+SPEC = KernelSpec(
+    name="flash_norm_attention",
+    kernel=flash_norm_attention_kernel,
+    workload="attention",
+    make_args=make_args,
+    key_of=key_of,
+    reference=kernel_reference,
+    flops=flops,
+    min_bytes=min_bytes,
+    default_config=DEFAULT_CONFIG,
+    seed_configs=SEED_CONFIGS,
+    baselines=_baselines,
+    unfused_baselines=("unfused_compiled", "unfused_eager", "gdpa+eager_norms"),
+    technique="FlashNormAttention on jagged GDPA (technique 4, PyTorch blog 'Towards Free Normalization', 2026)",
+    checked_baselines=("unfused_compiled",),
+    plot_relative_to="unfused_compiled",
+    aim=1.35,
+)

@@ -24,9 +24,12 @@ import helion.language as hl
 import torch
 import torch.nn.functional as F
 
-# Public names; the kernel takes the index into this tuple (compile-time constant).
-ACTIVATIONS = ("fast_gelu", "gelu", "silu", "relu")
+from .limits import ACTIVATIONS
+
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+# gdpa is not tuned yet: one fixed config, pinned on the kernel ([tile_q, tile_kv]).
+GDPA_CONFIG = helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2)
 
 
 def apply_activation(s: torch.Tensor, act: int) -> torch.Tensor:
@@ -42,7 +45,7 @@ def apply_activation(s: torch.Tensor, act: int) -> torch.Tensor:
 
 # Not static_shapes: total_q / total_kv change with every batch of jagged sequences, and a
 # kernel compiled per total would recompile on every call. H and D are specialised.
-@helion.kernel(static_shapes=False)
+@helion.kernel(static_shapes=False, configs=[GDPA_CONFIG])
 def gdpa_kernel(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -137,11 +140,3 @@ def random_jagged_inputs(
     k = torch.randn(total_kv, num_heads, head_dim, generator=gen, device=device) * head_dim**-0.5
     v = torch.randn(total_kv, num_heads, head_dim, generator=gen, device=device)
     return q.to(dtype), k.to(dtype), v.to(dtype), qo, ko
-
-
-def jagged_lengths(batch: int, max_len: int, fill: float = 0.5, seed: int = 0) -> list[int]:
-    """``batch`` sequence lengths drawn uniformly from [0, 2 * fill * max_len] (clipped to
-    max_len), so the average fill is ``fill`` for fill <= 0.5; reproducible from ``seed``."""
-    gen = torch.Generator().manual_seed(seed)
-    upper = min(max_len, round(2 * fill * max_len))
-    return torch.randint(0, upper + 1, (batch,), generator=gen).tolist()

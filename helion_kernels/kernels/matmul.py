@@ -11,9 +11,7 @@ import helion
 import helion.language as hl
 import torch
 
-from .spec import (
-    GEMM_DEFAULT_CONFIG,
-    GEMM_SEED_CONFIGS,
+from ..spec import (
     KernelSpec,
     Shape,
     gemm_flops,
@@ -22,6 +20,28 @@ from .spec import (
     random_gemm_operands,
     reference_dtype,
 )
+
+# Hopper-friendly GEMM tilings that seed every GEMM-shaped search (each is checked for
+# legality by Helion at the shape; a seed that does not compile is dropped by the autotuner).
+SEED_TMA_PERSISTENT_128x128 = helion.Config(
+    block_sizes=[128, 128, 64], num_warps=8, num_stages=3, indexing="tensor_descriptor",
+    pid_type="persistent_interleaved", l2_groupings=[8])
+SEED_TMA_FLAT_128x256 = helion.Config(
+    block_sizes=[128, 256, 64], num_warps=8, num_stages=3, indexing="tensor_descriptor",
+    l2_groupings=[8])
+SEED_POINTER_128x128 = helion.Config(
+    block_sizes=[128, 128, 64], num_warps=4, num_stages=4, indexing="pointer", l2_groupings=[8])
+SEED_POINTER_128x256 = helion.Config(
+    block_sizes=[128, 256, 64], num_warps=8, num_stages=4, indexing="pointer", l2_groupings=[2])
+SEED_POINTER_64x128 = helion.Config(
+    block_sizes=[64, 128, 64], num_warps=4, num_stages=4, indexing="pointer", l2_groupings=[4])
+GEMM_SEED_CONFIGS: tuple[helion.Config, ...] = (
+    SEED_POINTER_128x256, SEED_TMA_PERSISTENT_128x128, SEED_TMA_FLAT_128x256, SEED_POINTER_128x128,
+    SEED_POINTER_64x128,
+)
+
+# A small, conservative tiling that compiles for any shape on any CUDA GPU.
+GEMM_DEFAULT_CONFIG = helion.Config(block_sizes=[64, 64, 32], num_warps=4, num_stages=3)
 
 
 @helion.kernel(static_shapes=True)
@@ -55,16 +75,15 @@ def _baselines(a: torch.Tensor, b: torch.Tensor) -> dict:
 SPEC = KernelSpec(
     name="matmul",
     kernel=matmul_kernel,
+    workload="gemm",
     make_args=_make_args,
-    shape_of=gemm_shape,
+    key_of=gemm_shape,
     reference=matmul_reference,
     flops=gemm_flops,
     min_bytes=gemm_min_bytes,
     default_config=GEMM_DEFAULT_CONFIG,
     seed_configs=GEMM_SEED_CONFIGS,
     baselines=_baselines,
-    norm_baseline=None,
     unfused_baselines=("cublas_mm",),
-    gemm_twin=None,
     technique="plain GEMM (the baseline the fused kernels are measured against)",
 )

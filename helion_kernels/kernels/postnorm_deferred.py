@@ -10,8 +10,7 @@ past it::
 
 and ``rstd`` comes from the split-N partials the producer GEMM already writes:
 
-1. producer: :func:`.postnorm_split_n.matmul_rmsnorm_partials_kernel` writes
-   ``x = a @ b`` un-normalised (any N, its own N tiling) and per-row, per-N-tile sums of
+1. producer: :func:`matmul_rmsnorm_partials_kernel` writes ``x = a @ b`` un-normalised (any N, its own N tiling) and per-row, per-N-tile sums of
    squares [M, T];
 2. consumer: :func:`rmsnorm_scaled_matmul_kernel`, a plain GEMM on ``x`` and the folded
    ``w[:, None] * c`` whose epilogue sums a row's T partials and scales the accumulator by
@@ -25,6 +24,12 @@ the [tile_m, T] partials block in its epilogue. The normalised activations never
 this applies only when nothing else (a residual, a second consumer) reads them.
 LayerNorm's version needs the tile centred per N tile (as the split-N LayerNorm stores it)
 and a rank-T correction in the consumer's epilogue; not written yet.
+
+Configs: the producer's tiling is this op's registry entry at (M, K, N) (:data:`SPEC`, tuned
+with ``helion-kernels autotune --kernel matmul_rmsnorm_matmul``; the shipped H200 entries
+are the phase-1 tilings tuned for the persistent split-N kernel, which this producer ran
+with when it was measured); the consumer's is the plain ``matmul`` entry at (M, N, N2)
+(:func:`consumer_config`).
 """
 
 from __future__ import annotations
@@ -34,9 +39,45 @@ import helion.language as hl
 import torch
 import torch.nn.functional as F
 
-from .spec import reference_dtype
+from ..spec import (
+    KernelSpec,
+    Shape,
+    gemm_flops,
+    gemm_min_bytes,
+    gemm_shape,
+    random_gemm_operands,
+    reference_dtype,
+)
 
-__all__ = ["CONSUMER_DEFAULT_CONFIG", "matmul_rmsnorm_matmul_reference", "rmsnorm_scaled_matmul_kernel"]
+__all__ = [
+    "CONSUMER_DEFAULT_CONFIG",
+    "SPEC",
+    "consumer_config",
+    "matmul_rmsnorm_matmul_reference",
+    "matmul_rmsnorm_partials_kernel",
+    "rmsnorm_scaled_matmul_kernel",
+]
+
+
+@helion.kernel(static_shapes=True)
+def matmul_rmsnorm_partials_kernel(
+    a: torch.Tensor, b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The producer: (x = ``a @ b`` [M, N] in ``a.dtype``, partial sums of squares [M, T]
+    fp32 of x's T = cdiv(N, tile_n) column tiles). Config ``block_sizes`` = [tile_n, tile_m,
+    tile_k]."""
+    m, k = a.size()
+    n = hl.specialize(b.size(1))
+    block_n = hl.register_block_size(helion.next_power_of_2(n))
+    c = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    partials = torch.empty([m, helion.cdiv(n, block_n)], dtype=torch.float32, device=a.device)
+    for tile_m, tile_n in hl.tile([m, n], block_size=[None, block_n]):
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        for tile_k in hl.tile(k):
+            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+        c[tile_m, tile_n] = acc.to(c.dtype)
+        partials[tile_m, tile_n.id] = torch.sum(acc * acc, dim=1)  # padded columns are 0
+    return c, partials
 
 
 @helion.kernel(static_shapes=True)
@@ -72,6 +113,16 @@ def rmsnorm_scaled_matmul_kernel(
 CONSUMER_DEFAULT_CONFIG = helion.Config(block_sizes=[128, 128, 64], num_warps=8, num_stages=3)
 
 
+def consumer_config(matmul_config: dict | None) -> helion.Config:
+    """The consumer's config from a ``matmul`` registry config (its JSON dict): the tiling,
+    warps and stages carry over (the consumer's epilogue has its own loads, so TMA and L2
+    grouping settings of the plain GEMM are not reused); None: :data:`CONSUMER_DEFAULT_CONFIG`."""
+    if matmul_config is None:
+        return CONSUMER_DEFAULT_CONFIG
+    return helion.Config(**{key: matmul_config[key] for key in ("block_sizes", "num_warps", "num_stages")
+                            if key in matmul_config})
+
+
 def matmul_rmsnorm_matmul_reference(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -84,3 +135,53 @@ def matmul_rmsnorm_matmul_reference(
     x = a.to(dt) @ b.to(dt)
     y = F.rms_norm(x, (x.shape[1],), None if weight is None else weight.to(dt), eps)
     return y @ c.to(dt)
+
+
+def producer_reference(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a @ b`` and its row sums of squares in fp32 (float64 stays float64): what the
+    producer's outputs give once its partials are summed over the tiles."""
+    x = a.to(reference_dtype(a.dtype)) @ b.to(reference_dtype(a.dtype))
+    return x, x.pow(2).sum(dim=1)
+
+
+def _sum_partials(outputs: tuple) -> tuple:
+    """The producer's (x, partials [M, T]) as (x, row sums of squares [M])."""
+    x, partials = outputs
+    return x, partials.sum(dim=1)
+
+
+def _make_args(shape: Shape, dtype: torch.dtype, device, seed: int | None) -> tuple:
+    return random_gemm_operands(shape, dtype, device, seed)
+
+
+def _baselines(a: torch.Tensor, b: torch.Tensor) -> dict:
+    return {"cublas_mm": lambda: torch.mm(a, b)}
+
+
+# Phase-1 tilings of the split-N kernels ([tile_n, tile_m, tile_k]).
+_SEEDS = tuple(
+    helion.Config(block_sizes=[tn, tm, 64], num_warps=w, num_stages=st, indexing=ix)
+    for tn, tm, w, st, ix in ((256, 128, 8, 4, "pointer"), (128, 128, 4, 4, "pointer"),
+                              (128, 128, 8, 3, "tensor_descriptor"), (128, 64, 4, 4, "pointer"))
+)
+
+# The producer GEMM, tuned and registered under the op's name at (M, K, N); the benchmark of
+# the whole op (both GEMMs against cuBLAS -> norm -> cuBLAS) is bench/postnorm_deferred.py.
+SPEC = KernelSpec(
+    name="matmul_rmsnorm_matmul",
+    kernel=matmul_rmsnorm_partials_kernel,
+    workload="gemm",
+    make_args=_make_args,
+    key_of=gemm_shape,
+    reference=producer_reference,
+    flops=gemm_flops,
+    min_bytes=gemm_min_bytes,
+    default_config=helion.Config(block_sizes=[64, 64, 32], num_warps=4, num_stages=2),
+    seed_configs=_SEEDS,
+    baselines=_baselines,
+    unfused_baselines=("cublas_mm",),
+    technique=("the first GEMM of rms_norm(a @ b) @ c with per-tile sums of squares (split-N "
+               "candidate 3, technique 3, PyTorch blog 'Towards Free Normalization', 2026)"),
+    gemm_twin="matmul",
+    compare_outputs=_sum_partials,
+)

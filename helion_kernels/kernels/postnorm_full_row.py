@@ -21,7 +21,7 @@ is large against its spread).
 
 The limit. A program holds a [tile_m, Npad] fp32 accumulator and, per k step, a
 [tile_k, Npad] tile of ``b`` in shared memory, so N is bounded by the GPU's shared memory
-per block: :func:`max_full_row_n` (2048 for bf16/fp16 and 1024 for fp32 on H100/H200).
+per block: :func:`.limits.max_full_row_n` (2048 for bf16/fp16 and 1024 for fp32 on H100/H200).
 Larger N needs the split-N strategy (technique 3 of the blog), where several programs
 share a row and the statistics are combined across them.
 
@@ -37,7 +37,7 @@ import helion.language as hl
 import torch
 import torch.nn.functional as F
 
-from .spec import (
+from ..spec import (
     KernelSpec,
     Shape,
     gemm_flops,
@@ -46,21 +46,9 @@ from .spec import (
     random_gemm_operands,
     reference_dtype,
 )
+from .limits import MIN_TILE_K, MIN_TILE_M, full_row_shared_memory, shared_memory_per_block
 
 EPS = 1e-5
-
-# Shared memory per block (opt-in) assumed when no CUDA device is given: H100/H200
-# (sm_90), 227 KiB = 232448 bytes.
-DEFAULT_SHARED_MEMORY_PER_BLOCK = 232448
-# The smallest program the kernel can run: the minimum tile_m and tile_k of a dot, and
-# one pipeline stage.
-_MIN_TILE_M = 16
-_MIN_TILE_K = 16
-
-TECHNIQUE_3_HINT = (
-    "use the split-N strategy (technique 3) for larger N: "
-    "helion_kernels.matmul_layernorm_split_n / matmul_rmsnorm_split_n"
-)
 
 
 @helion.kernel(static_shapes=True)
@@ -138,74 +126,6 @@ def matmul_rmsnorm_kernel(
         c[tile_m, tile_n] = y.to(c.dtype)
         rstd[tile_m] = row_rstd
     return c, rstd
-
-
-def _shared_memory_per_block(device: torch.device | str | None) -> int:
-    if device is None:
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    device = torch.device(device)
-    if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).shared_memory_per_block_optin)
-    return DEFAULT_SHARED_MEMORY_PER_BLOCK
-
-
-def _shared_memory_bytes(stages: int, tile_m: int, tile_k: int, npad: int, itemsize: int) -> int:
-    """Shared memory a full-row program is estimated to need: per pipeline stage an ``a`` tile
-    tile_m x tile_k and a ``b`` tile tile_k x Npad, plus the fp32 [tile_m, Npad] row tile
-    staged for the epilogue's layout change."""
-    return stages * (tile_m * tile_k + tile_k * npad) * itemsize + tile_m * npad * 4
-
-
-def max_full_row_n(dtype: torch.dtype, device: torch.device | str | None = None) -> int:
-    """The largest N the full-row strategy accepts for inputs of ``dtype`` on ``device``.
-
-    One program owns whole output rows, so its N tile is ``Npad``, the next power of two
-    of N. The smallest legal program (tile_m = 16, tile_k = 16, one pipeline stage) must
-    fit in the shared memory of one block, which holds
-
-    * the ``a`` tile: 16 * 16 * itemsize bytes,
-    * the ``b`` tile: 16 * Npad * itemsize bytes,
-    * the fp32 row tile [16, Npad] staged for the epilogue's layout change: 16 * Npad * 4,
-
-    i.e. ``256 * itemsize + 16 * Npad * (itemsize + 4) <= smem``. The result is the
-    largest power of two ``Npad`` that satisfies it (every N <= Npad pads to at most
-    Npad). For bf16/fp16 with 232448 bytes: ``512 + 96 * Npad <= 232448`` gives 2048; for
-    fp32, ``1024 + 128 * Npad <= 232448`` gives 1024.
-
-    ``smem`` is ``shared_memory_per_block_optin`` of the CUDA device (``device=None``:
-    the current CUDA device when there is one). On CPU (no device to ask) it is
-    :data:`DEFAULT_SHARED_MEMORY_PER_BLOCK` = 232448 bytes, the H100/H200 opt-in limit.
-    """
-    smem = _shared_memory_per_block(device)
-    item = torch.empty((), dtype=dtype).element_size()
-
-    def need(npad: int) -> int:
-        return _shared_memory_bytes(1, _MIN_TILE_M, _MIN_TILE_K, npad, item)
-
-    if need(1) > smem:
-        raise ValueError(f"{smem} bytes of shared memory per block cannot hold even N = 1")
-    npad = 1
-    while need(2 * npad) <= smem:
-        npad *= 2
-    return npad
-
-
-def check_full_row_n(
-    n: int, dtype: torch.dtype, device: torch.device | str | None = None, op: str = "full-row post-norm"
-) -> None:
-    """Raise ValueError (its message starting with ``op``) when N is larger than the full-row
-    strategy supports.
-
-    Raises:
-        ValueError: naming N, the limit :func:`max_full_row_n` and the alternative.
-    """
-    limit = max_full_row_n(dtype, device)
-    if n > limit:
-        raise ValueError(
-            f"{op}: N = {n} is too large for the full-row post-norm fusion (technique 1): one "
-            f"program must hold a whole output row, and for {dtype} on this device at most "
-            f"N = {limit} fits in shared memory; {TECHNIQUE_3_HINT}"
-        )
 
 
 def matmul_layernorm_reference(
@@ -344,20 +264,20 @@ def fit_shared_memory(config: helion.Config, args: tuple) -> helion.Config:
 
     A config tuned at a smaller N (the registry's nearest shape) can need more shared memory
     than the GPU has at this call's Npad: seen on the H200, a 64 x 64, 3-stage tiling tuned
-    at 65536x256x256 asked for 417792 bytes at N = 1000. Estimated as in :func:`max_full_row_n`
-    (:func:`_shared_memory_bytes`), and reduced in this order until it fits: stages down to
-    1, tile_k down to 16, tile_m down to 16 (which :func:`max_full_row_n` guarantees fits).
+    at 65536x256x256 asked for 417792 bytes at N = 1000. Estimated as in :func:`.limits.max_full_row_n`
+    (:func:`.limits.full_row_shared_memory`), and reduced in this order until it fits: stages down to
+    1, tile_k down to 16, tile_m down to 16 (which :func:`.limits.max_full_row_n` guarantees fits).
     """
     a, b = args[0], args[1]
     npad = helion.next_power_of_2(int(b.shape[1]))
     item = a.element_size()
-    smem = _shared_memory_per_block(a.device if a.is_cuda else None)
+    smem = shared_memory_per_block(a.device if a.is_cuda else None)
     _, tile_m, tile_k = config.block_sizes
     stages = config.num_stages
     fitted = (stages, tile_m, tile_k)
-    while _shared_memory_bytes(*fitted, npad, item) > smem and fitted != (1, _MIN_TILE_M, _MIN_TILE_K):
+    while full_row_shared_memory(*fitted, npad, item) > smem and fitted != (1, MIN_TILE_M, MIN_TILE_K):
         s, m, k = fitted
-        fitted = (s - 1, m, k) if s > 1 else (s, m, k // 2) if k > _MIN_TILE_K else (s, m // 2, k)
+        fitted = (s - 1, m, k) if s > 1 else (s, m, k // 2) if k > MIN_TILE_K else (s, m // 2, k)
     if fitted == (stages, tile_m, tile_k):
         return config
     return helion.Config(**{**config.config, "num_stages": fitted[0],
@@ -366,7 +286,7 @@ def fit_shared_memory(config: helion.Config, args: tuple) -> helion.Config:
 
 # The smallest program, the one max_full_row_n is computed for: fits every N it accepts.
 DEFAULT_CONFIG = helion.Config(
-    block_sizes=[_N_TILE, _MIN_TILE_M, _MIN_TILE_K], num_warps=4, num_stages=1)
+    block_sizes=[_N_TILE, MIN_TILE_M, MIN_TILE_K], num_warps=4, num_stages=1)
 
 # Hopper-friendly seeds (64 or 128 rows per program, k-tile 64). Those that do not fit
 # at a large N are dropped by the autotuner like any seed that does not compile.
@@ -386,18 +306,19 @@ _TECHNIQUE = ("full-row post-norm (technique 1, PyTorch blog 'Towards Free Norma
 SPEC_LAYERNORM = KernelSpec(
     name="matmul_layernorm",
     kernel=matmul_layernorm_kernel,
+    workload="gemm",
     make_args=_make_args_layernorm,
-    shape_of=gemm_shape,
+    key_of=gemm_shape,
     reference=matmul_layernorm_reference,
     flops=gemm_flops,  # the norm's O(M N) FLOPs are negligible next to 2 M K N
     min_bytes=gemm_min_bytes,
     default_config=DEFAULT_CONFIG,
     seed_configs=SEED_CONFIGS,
     baselines=_baselines_layernorm,
-    norm_baseline="inductor_norm",
     unfused_baselines=("cublas+inductor_norm", "cublas+liger_norm"),
-    gemm_twin="matmul",
     technique=_TECHNIQUE,
+    norm_baseline="inductor_norm",
+    gemm_twin="matmul",
     dispatch_baseline="cublas+inductor_norm",
     portable_config=portable_config,
     fit_config=fit_shared_memory,

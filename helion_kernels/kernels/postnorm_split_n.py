@@ -1,35 +1,33 @@
-"""Split-N post-norm: ``layer_norm(a @ b)`` / ``rms_norm(a @ b)`` when no program can hold a row.
+"""Split-N post-norm, the row sweep: a row's N tiles in one program, L2 as the exchange.
 
-Technique 3 of the PyTorch blog "Towards Free Normalization: Fusing Normalization into
-GEMM and Attention Kernels" (Meta, July 2026). For large N the GEMM keeps its own tiling
-(tile_n < N), so a row's statistics are spread over N / tile_n programs. The authors
-exchange per-row partial statistics between the CTAs of a thread-block cluster through
-distributed shared memory; Helion on Hopper has no cluster/DSMEM API, so the partials go
-through global memory (a few bytes per row and tile, next to the tile itself):
+What ``matmul_layernorm_split_n`` / ``matmul_rmsnorm_split_n`` run: split-N candidate 4
+(technique 3 of the PyTorch blog "Towards Free Normalization: Fusing
+Normalization into GEMM and Attention Kernels", Meta, July 2026). The authors split a row's
+columns over the CTAs of a thread-block cluster and exchange partial statistics through
+distributed shared memory, so no tile is re-read. Helion on Hopper has neither, and the
+two earlier candidates (``bench/variants/split_n_candidates.py``: partials + apply kernel,
+and one persistent launch with ``hl.barrier()``) pay a whole extra pass over the output (a
+second kernel, or a grid barrier after which the tiles are long gone from L2); on the H200
+the row sweep is the fastest of the three on 16 of 20 workload rows.
 
-* each GEMM program reduces its fp32 accumulator tile to per-row partials and writes the
-  tile: for LayerNorm (count, tile mean, sum of squared deviations from the tile mean) and
-  the tile **centred on its own mean** (small numbers, so rounding it to bf16 loses nothing
-  even when a row's mean is large against its spread); for RMSNorm the sum of squares and
-  the raw tile;
-* a second phase combines a row's partials (Chan et al.'s pairwise formula for the
-  variance, exact in any order: ``M2 = sum_j M2_j + cnt_j * (mean_j - mean)**2``) and
-  normalises the tile in place, adding back ``mean_j - mean`` for LayerNorm.
+Here one program owns a block of ``tile_m`` rows and walks their N tiles in sequence, with
+the GEMM's own tiling (tile_n < N):
 
-Two ways to run the phases, both here:
+1. for each N tile: the k-loop, then the epilogue stores the tile un-normalised and folds
+   its statistics into running per-row registers (RMSNorm: the sum of squares; LayerNorm:
+   count, mean and sum of squared deviations, merged tile by tile with Chan et al.'s
+   pairwise formula, the tile stored centred on its own mean and that mean kept in a
+   [M, T] fp32 scratch);
+2. the row statistics are final, and the program re-reads its own tiles, which it wrote a
+   few microseconds earlier (tile_m x N elements, in L2), normalises and stores them.
 
-1. two kernels, ``*_partials_kernel`` then ``*_apply_kernel`` (:func:`layernorm_two_kernels`,
-   :func:`rmsnorm_two_kernels`): the apply kernel walks the N tiles of the GEMM's tiling
-   (its ``tile_width`` argument), re-reading each tile, from L2 where it is still there;
-2. one persistent launch, ``matmul_*_split_n_kernel``: phase 1, ``hl.barrier()`` (a
-   grid-wide barrier between the top-level loops), phase 2. It saves a launch and the
-   host round trip; the tile is re-read after *all* of phase 1 has finished.
+Helion orders the two loops with a CTA barrier (``tl.debug_barrier()``) because the second
+loads what the first stored. Against cuBLAS + a standalone norm this removes the norm's
+DRAM read and, where the dirty lines are still in L2 when they are rewritten, its DRAM
+write; what it adds is L2 traffic and the same A block being re-read from L2 for every N
+tile. No cross-program synchronisation, so any grid order is valid.
 
-The un-normalised tile still makes one round trip through memory, which the full-row
-strategy (:mod:`.postnorm_full_row`) avoids; what split-N saves against cuBLAS + a
-standalone norm is the norm's own statistics pass and a launch. On the H200 both are
-slower than the row sweep of :mod:`.postnorm_row_sweep` (which the public split-N functions
-run) on most shapes; the README has the numbers.
+Config ``block_sizes`` = [tile_n, tile_m, tile_k] (tile_n is used by both loops).
 """
 
 from __future__ import annotations
@@ -41,364 +39,131 @@ import helion.language as hl
 import torch
 
 from . import postnorm_full_row as _full_row
+from ..spec import KernelSpec
 from .postnorm_full_row import matmul_layernorm_reference, matmul_rmsnorm_reference
-from .spec import KernelSpec
-
-EPS = 1e-5
-# Memory-bound apply phase: rows per program (and, for RMSNorm, its own N tile).
-APPLY_CONFIG = helion.Config(block_sizes=[8], num_warps=4, num_stages=1)
-RMS_APPLY_CONFIG = helion.Config(block_sizes=[8, 256], num_warps=4, num_stages=1)
 
 __all__ = [
-    "APPLY_CONFIG",
-    "RMS_APPLY_CONFIG",
     "SPEC_LAYERNORM",
     "SPEC_RMSNORM",
-    "gemm_tile_width",
-    "layernorm_apply_kernel",
-    "layernorm_two_kernels",
-    "matmul_layernorm_partials_kernel",
     "matmul_layernorm_reference",
-    "matmul_layernorm_split_n_kernel",
-    "matmul_rmsnorm_partials_kernel",
+    "matmul_layernorm_row_sweep_kernel",
     "matmul_rmsnorm_reference",
-    "matmul_rmsnorm_split_n_kernel",
-    "rmsnorm_apply_kernel",
-    "rmsnorm_two_kernels",
+    "matmul_rmsnorm_row_sweep_kernel",
 ]
 
 
+# The GEMM loop and the LayerNorm tile statistics repeat those of .postnorm_full_row: Helion
+# 1.5 inlines helper functions, but not ones that index or slice (``x[:, None]``,
+# ``weight[tile]``), so the shared pieces cannot be factored out yet.
 @helion.kernel(static_shapes=True)
-def matmul_layernorm_partials_kernel(
-    a: torch.Tensor, b: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Phase 1 for LayerNorm: ``a @ b`` tiles centred on their row means, and partials.
+def matmul_layernorm_row_sweep_kernel(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``layer_norm(a @ b, (N,), weight, bias, eps)`` -> (y [M, N] in ``a.dtype``, mean [M],
+    rstd [M] fp32), a program per ``tile_m`` rows sweeping their N tiles twice.
 
-    Returns (c_centred [M, N] in ``a.dtype``, partials [M, T, 3] fp32 with T = cdiv(N,
-    tile_n) and, per row and tile, (column count, mean, sum of squared deviations)).
     Config ``block_sizes`` = [tile_n, tile_m, tile_k].
     """
     m, k = a.size()
     n = hl.specialize(b.size(1))
-    block_n = hl.register_block_size(helion.next_power_of_2(n))
-    c = torch.empty([m, n], dtype=a.dtype, device=a.device)
-    partials = torch.empty([m, helion.cdiv(n, block_n), 3], dtype=torch.float32, device=a.device)
-    for tile_m, tile_n in hl.tile([m, n], block_size=[None, block_n]):
-        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
-        for tile_k in hl.tile(k):
-            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
-        in_row = (tile_n.index < n)[None, :]
-        count = torch.sum(in_row.to(torch.float32), dim=1)  # [1]: the tile's real columns
-        tile_mean = torch.sum(acc, dim=1) / count  # padded columns of acc are 0
-        centred = torch.where(in_row, acc - tile_mean[:, None], 0.0)
-        c[tile_m, tile_n] = centred.to(c.dtype)
-        partials[tile_m, tile_n.id, 0] = tile_mean * 0.0 + count
-        partials[tile_m, tile_n.id, 1] = tile_mean
-        partials[tile_m, tile_n.id, 2] = torch.sum(centred * centred, dim=1)
-    return c, partials
-
-
-@helion.kernel(static_shapes=True)
-def layernorm_apply_kernel(
-    c: torch.Tensor,
-    partials: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    eps: float,
-    tile_width: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Phase 2 for LayerNorm: combine the partials, normalise ``c`` in place.
-
-    ``c`` and ``partials`` come from :func:`matmul_layernorm_partials_kernel` run with
-    tile_n = ``tile_width``. Returns (y = ``c`` normalised, mean [M], rstd [M] fp32).
-    Config ``block_sizes`` = [rows per program].
-    """
-    m, n = c.size()
-    width = hl.specialize(tile_width)
-    mean = torch.empty([m], dtype=torch.float32, device=c.device)
-    rstd = torch.empty([m], dtype=torch.float32, device=c.device)
-    for tile_m in hl.tile(m):
-        count = partials[tile_m, :, 0]
-        tile_means = partials[tile_m, :, 1]
-        row_mean = torch.sum(count * tile_means, dim=1) / n
-        spread = tile_means - row_mean[:, None]
-        m2 = torch.sum(partials[tile_m, :, 2] + count * spread * spread, dim=1)
-        row_rstd = torch.rsqrt(m2 / n + eps)
-        for tile_n in hl.tile(n, block_size=width):
-            shift = partials[tile_m, tile_n.id, 1] - row_mean
-            y = (c[tile_m, tile_n].to(torch.float32) + shift[:, None]) * row_rstd[:, None]
-            if weight is not None:
-                y = y * weight[tile_n].to(torch.float32)[None, :]
-            if bias is not None:
-                y = y + bias[tile_n].to(torch.float32)[None, :]
-            c[tile_m, tile_n] = y.to(c.dtype)
-        mean[tile_m] = row_mean
-        rstd[tile_m] = row_rstd
-    return c, mean, rstd
-
-
-# The persistent kernels repeat the phase bodies of the two-kernel pair: Helion 1.5 inlines
-# helper functions, but not ones that index or slice (``x[:, None]``, ``weight[tile]``), so
-# the shared pieces cannot be factored out yet.
-@helion.kernel(static_shapes=True)
-def matmul_layernorm_split_n_kernel(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    weight: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    eps: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Both phases in one persistent launch, a grid-wide ``hl.barrier()`` between them.
-
-    Returns (y [M, N] in ``a.dtype``, mean [M], rstd [M] fp32); the partials [M, T, 3]
-    are scratch.
-    Config ``block_sizes`` = [tile_n, tile_m, tile_k, rows per program in phase 2].
-    """
-    m, k = a.size()
-    n = hl.specialize(b.size(1))
-    block_n = hl.register_block_size(helion.next_power_of_2(n))
-    c = torch.empty([m, n], dtype=a.dtype, device=a.device)
-    partials = torch.empty([m, helion.cdiv(n, block_n), 3], dtype=torch.float32, device=a.device)
+    block_n = hl.register_block_size(n)
+    y = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    tile_means = torch.empty([m, helion.cdiv(n, block_n)], dtype=torch.float32, device=a.device)
     mean = torch.empty([m], dtype=torch.float32, device=a.device)
     rstd = torch.empty([m], dtype=torch.float32, device=a.device)
-    for tile_m, tile_n in hl.tile([m, n], block_size=[None, block_n]):
-        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
-        for tile_k in hl.tile(k):
-            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
-        in_row = (tile_n.index < n)[None, :]
-        count = torch.sum(in_row.to(torch.float32), dim=1)
-        tile_mean = torch.sum(acc, dim=1) / count
-        centred = torch.where(in_row, acc - tile_mean[:, None], 0.0)
-        c[tile_m, tile_n] = centred.to(c.dtype)
-        partials[tile_m, tile_n.id, 0] = tile_mean * 0.0 + count
-        partials[tile_m, tile_n.id, 1] = tile_mean
-        partials[tile_m, tile_n.id, 2] = torch.sum(centred * centred, dim=1)
-    hl.barrier()
-    for tile_r in hl.tile(m):
-        count = partials[tile_r, :, 0]
-        tile_means = partials[tile_r, :, 1]
-        row_mean = torch.sum(count * tile_means, dim=1) / n
-        spread = tile_means - row_mean[:, None]
-        m2 = torch.sum(partials[tile_r, :, 2] + count * spread * spread, dim=1)
-        row_rstd = torch.rsqrt(m2 / n + eps)
-        for tile_c in hl.tile(n, block_size=block_n):
-            shift = partials[tile_r, tile_c.id, 1] - row_mean
-            y = (c[tile_r, tile_c].to(torch.float32) + shift[:, None]) * row_rstd[:, None]
-            if weight is not None:
-                y = y * weight[tile_c].to(torch.float32)[None, :]
-            if bias is not None:
-                y = y + bias[tile_c].to(torch.float32)[None, :]
-            c[tile_r, tile_c] = y.to(c.dtype)
-        mean[tile_r] = row_mean
-        rstd[tile_r] = row_rstd
-    return c, mean, rstd
-
-
-@helion.kernel(static_shapes=True)
-def matmul_rmsnorm_partials_kernel(
-    a: torch.Tensor, b: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Phase 1 for RMSNorm: (c = ``a @ b`` [M, N] in ``a.dtype``, partial sums of squares
-    [M, T] fp32). Config ``block_sizes`` = [tile_n, tile_m, tile_k]."""
-    m, k = a.size()
-    n = hl.specialize(b.size(1))
-    block_n = hl.register_block_size(helion.next_power_of_2(n))
-    c = torch.empty([m, n], dtype=a.dtype, device=a.device)
-    partials = torch.empty([m, helion.cdiv(n, block_n)], dtype=torch.float32, device=a.device)
-    for tile_m, tile_n in hl.tile([m, n], block_size=[None, block_n]):
-        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
-        for tile_k in hl.tile(k):
-            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
-        c[tile_m, tile_n] = acc.to(c.dtype)
-        partials[tile_m, tile_n.id] = torch.sum(acc * acc, dim=1)  # padded columns are 0
-    return c, partials
-
-
-@helion.kernel(static_shapes=True)
-def rmsnorm_apply_kernel(
-    c: torch.Tensor, partials: torch.Tensor, weight: torch.Tensor | None, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Phase 2 for RMSNorm: (y = ``c`` normalised in place, rstd [M] fp32).
-    Config ``block_sizes`` = [rows per program, tile_n]."""
-    m, n = c.size()
-    rstd = torch.empty([m], dtype=torch.float32, device=c.device)
     for tile_m in hl.tile(m):
-        row_rstd = torch.rsqrt(torch.sum(partials[tile_m, :], dim=1) / n + eps)
-        for tile_n in hl.tile(n):
-            y = c[tile_m, tile_n].to(torch.float32) * row_rstd[:, None]
+        count = hl.zeros([tile_m], dtype=torch.float32)
+        row_mean = hl.zeros([tile_m], dtype=torch.float32)
+        m2 = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_n in hl.tile(n, block_size=block_n):
+            acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+            for tile_k in hl.tile(k):
+                acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+            in_row = (tile_n.index < n)[None, :]
+            tile_count = torch.sum(in_row.to(torch.float32), dim=1)  # [1]: the tile's real columns
+            tile_mean = torch.sum(acc, dim=1) / tile_count  # padded columns of acc are 0
+            centred = torch.where(in_row, acc - tile_mean[:, None], 0.0)
+            y[tile_m, tile_n] = centred.to(y.dtype)
+            tile_means[tile_m, tile_n.id] = tile_mean
+            # Chan et al.: merge (count, row_mean, m2) with the tile's (tile_count, tile_mean, M2).
+            # delta * (delta * w), not delta * delta * w: on the first tile w = 0 and delta is
+            # the tile mean, whose square overflows fp32 past 1.8e19 (inf * 0 = NaN).
+            total = count + tile_count
+            delta = tile_mean - row_mean
+            row_mean = row_mean + delta * (tile_count / total)
+            m2 = m2 + torch.sum(centred * centred, dim=1) + delta * (delta * (count * tile_count / total))
+            count = total
+        row_rstd = torch.rsqrt(m2 / n + eps)
+        for tile_n in hl.tile(n, block_size=block_n):
+            shift = tile_means[tile_m, tile_n.id] - row_mean
+            out = (y[tile_m, tile_n].to(torch.float32) + shift[:, None]) * row_rstd[:, None]
             if weight is not None:
-                y = y * weight[tile_n].to(torch.float32)[None, :]
-            c[tile_m, tile_n] = y.to(c.dtype)
+                out = out * weight[tile_n].to(torch.float32)[None, :]
+            if bias is not None:
+                out = out + bias[tile_n].to(torch.float32)[None, :]
+            y[tile_m, tile_n] = out.to(y.dtype)
+        mean[tile_m] = row_mean
         rstd[tile_m] = row_rstd
-    return c, rstd
+    return y, mean, rstd
 
 
 @helion.kernel(static_shapes=True)
-def matmul_rmsnorm_split_n_kernel(
+def matmul_rmsnorm_row_sweep_kernel(
     a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both RMSNorm phases in one persistent launch with ``hl.barrier()`` between them.
+    """``rms_norm(a @ b, (N,), weight, eps)`` -> (y [M, N] in ``a.dtype``, rstd [M] fp32),
+    a program per ``tile_m`` rows sweeping their N tiles twice.
 
-    Returns (y [M, N] in ``a.dtype``, rstd [M] fp32); the partials [M, T] are scratch.
-    Config ``block_sizes`` = [tile_n, tile_m, tile_k, rows per program in phase 2,
-    tile_n of phase 2].
+    Config ``block_sizes`` = [tile_n, tile_m, tile_k].
     """
     m, k = a.size()
     n = hl.specialize(b.size(1))
-    block_n = hl.register_block_size(helion.next_power_of_2(n))
-    c = torch.empty([m, n], dtype=a.dtype, device=a.device)
-    partials = torch.empty([m, helion.cdiv(n, block_n)], dtype=torch.float32, device=a.device)
+    block_n = hl.register_block_size(n)
+    y = torch.empty([m, n], dtype=a.dtype, device=a.device)
     rstd = torch.empty([m], dtype=torch.float32, device=a.device)
-    for tile_m, tile_n in hl.tile([m, n], block_size=[None, block_n]):
-        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
-        for tile_k in hl.tile(k):
-            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
-        c[tile_m, tile_n] = acc.to(c.dtype)
-        partials[tile_m, tile_n.id] = torch.sum(acc * acc, dim=1)
-    hl.barrier()
-    for tile_r in hl.tile(m):
-        row_rstd = torch.rsqrt(torch.sum(partials[tile_r, :], dim=1) / n + eps)
-        for tile_c in hl.tile(n):
-            y = c[tile_r, tile_c].to(torch.float32) * row_rstd[:, None]
+    for tile_m in hl.tile(m):
+        sum_sq = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_n in hl.tile(n, block_size=block_n):
+            acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+            for tile_k in hl.tile(k):
+                acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+            y[tile_m, tile_n] = acc.to(y.dtype)
+            sum_sq = sum_sq + torch.sum(acc * acc, dim=1)  # padded columns of acc are 0
+        row_rstd = torch.rsqrt(sum_sq / n + eps)
+        for tile_n in hl.tile(n, block_size=block_n):
+            out = y[tile_m, tile_n].to(torch.float32) * row_rstd[:, None]
             if weight is not None:
-                y = y * weight[tile_c].to(torch.float32)[None, :]
-            c[tile_r, tile_c] = y.to(c.dtype)
-        rstd[tile_r] = row_rstd
-    return c, rstd
+                out = out * weight[tile_n].to(torch.float32)[None, :]
+            y[tile_m, tile_n] = out.to(y.dtype)
+        rstd[tile_m] = row_rstd
+    return y, rstd
 
 
-def gemm_tile_width(n: int, num_tiles: int) -> int:
-    """The N tile the partials kernel ran with, from N and its number of tiles T.
-
-    Helion's block sizes are powers of two, and for T >= 2, cdiv(N, W) strictly decreases
-    as the power of two W doubles, so W = next_power_of_2(cdiv(N, T)) is the only one;
-    for T = 1 any W >= N gives one tile, and so does this one.
-    """
-    return helion.next_power_of_2(-(-n // num_tiles))
-
-
-def _bound(kernel, args: tuple, config: helion.Config | None):
-    bound = kernel.bind(args)
-    if config is not None:
-        bound.set_config(config)
-    return bound
-
-
-def layernorm_two_kernels(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    weight: torch.Tensor | None = None,
-    bias: torch.Tensor | None = None,
-    eps: float = EPS,
-    gemm_config: helion.Config | None = None,
-    apply_config: helion.Config | None = APPLY_CONFIG,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Candidate 1 for LayerNorm: partials kernel, then apply kernel.
-
-    Args:
-        a: [M, K], b: [K, N] (bf16, fp16 or fp32, one device); weight, bias: [N] or None.
-        gemm_config: config of :func:`matmul_layernorm_partials_kernel`
-            (``block_sizes`` = [tile_n, tile_m, tile_k]); None: Helion's default for it
-            (reference mode needs None).
-        apply_config: config of :func:`layernorm_apply_kernel` (None in reference mode).
-
-    Returns:
-        (y [M, N] in ``a.dtype``, mean [M], rstd [M] fp32).
-    """
-    gemm = _bound(matmul_layernorm_partials_kernel, (a, b), gemm_config)
-    c, partials = gemm(a, b)
-    args = (c, partials, weight, bias, float(eps), gemm_tile_width(b.shape[1], partials.shape[1]))
-    return _bound(layernorm_apply_kernel, args, apply_config)(*args)
-
-
-def rmsnorm_two_kernels(
-    a: torch.Tensor,
-    b: torch.Tensor,
-    weight: torch.Tensor | None = None,
-    eps: float = EPS,
-    gemm_config: helion.Config | None = None,
-    apply_config: helion.Config | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Candidate 1 for RMSNorm: partials kernel, then apply kernel.
-
-    Same arguments as :func:`layernorm_two_kernels` without ``bias``; ``apply_config``'s
-    ``block_sizes`` = [rows per program, tile_n]. Returns (y [M, N], rstd [M] fp32).
-    """
-    c, partials = _bound(matmul_rmsnorm_partials_kernel, (a, b), gemm_config)(a, b)
-    args = (c, partials, weight, float(eps))
-    return _bound(rmsnorm_apply_kernel, args, apply_config)(*args)
-
-
-# Hopper GEMM tilings for phase 1 (block_sizes [tile_n, tile_m, tile_k, phase-2 rows, ...]).
-# reduction_loops=[None]: phase 2 reduces a row's T = cdiv(N, tile_n) partials in one
-# next_pow2(T)-wide block. T is symbolic to Helion, whose default for large M is a
-# 4096-wide masked loop per row tile (what the first H200 tuning ran, see bench/NOTES.md).
-_ONE_BLOCK = {"reduction_loops": [None]}
-_SEEDS_LN = tuple(
-    helion.Config(block_sizes=[tn, tm, 64, 8], num_warps=w, num_stages=st, indexing=ix, **_ONE_BLOCK)
-    for tn, tm, w, st, ix in ((256, 128, 8, 4, "pointer"), (128, 128, 4, 4, "pointer"),
-                              (128, 128, 8, 3, "tensor_descriptor"), (128, 64, 4, 4, "pointer"))
+# Hopper tilings [tile_n, tile_m, tile_k]: the plain GEMM's shapes, and smaller row blocks
+# (the re-read tiles and the A block of a program must stay in L2 next to those of the
+# ~132-264 resident programs).
+_SEEDS = tuple(
+    helion.Config(block_sizes=[tn, tm, 64], num_warps=w, num_stages=st, indexing=ix)
+    for tm, tn, w, st, ix in ((128, 256, 8, 3, "pointer"), (128, 128, 8, 4, "pointer"),
+                              (64, 256, 4, 4, "pointer"), (128, 128, 4, 4, "tensor_descriptor"),
+                              (64, 128, 4, 4, "pointer"))
 )
-_SEEDS_RMS = tuple(
-    helion.Config(**{**cfg.config, "block_sizes": [*cfg.block_sizes, 256]}) for cfg in _SEEDS_LN
-)
-
-_TECHNIQUE = ("split-N post-norm, one persistent launch with a grid barrier (technique 3, "
-              "PyTorch blog 'Towards Free Normalization', 2026)")
-
-def _phase1_config(spec: KernelSpec, args: tuple) -> helion.Config:
-    """The registered persistent config's phase-1 tiling, for the two-kernel candidate."""
-    from .. import registry  # imported here: registry imports this package (kernels.spec)
-
-    shape = spec.shape_of(args)
-    resolved = registry.resolve(spec.name, spec.default_config, shape, args[0].dtype,
-                                registry.gpu_key(args[0].device))
-    cfg = resolved.config.config
-    keep = ("num_warps", "num_stages", "indexing", "l2_groupings")  # not the persistent pid_type
-    return helion.Config(block_sizes=resolved.config.block_sizes[:3],
-                         **{key: cfg[key] for key in keep if key in cfg})
+_TECHNIQUE = ("split-N post-norm, one program sweeping a row block's N tiles with L2 as the "
+              "exchange (technique 3, PyTorch blog 'Towards Free Normalization', 2026)")
+_DEFAULT = helion.Config(block_sizes=[64, 64, 32], num_warps=4, num_stages=2)
 
 
-def _baselines_layernorm(a, b, weight, bias, eps) -> dict:
-    """The unfused pipelines, plus candidate 1 (two kernels) with the persistent candidate's
-    registered phase-1 tiling, so the benchmark times both candidates side by side."""
-    out = _full_row.SPEC_LAYERNORM.baselines(a, b, weight, bias, eps)
-    gemm = _phase1_config(SPEC_LAYERNORM, (a, b, weight, bias, eps))
-    out["two_kernels"] = lambda: layernorm_two_kernels(a, b, weight, bias, eps, gemm, APPLY_CONFIG)
-    return out
+def _spec(base: KernelSpec, name: str, kernel: helion.Kernel) -> KernelSpec:
+    """The full-row spec ``base`` (same arguments, reference and baselines) for ``kernel``."""
+    return dataclasses.replace(base, name=name, kernel=kernel, default_config=_DEFAULT,
+                               seed_configs=_SEEDS, technique=_TECHNIQUE, dispatch_baseline=None,
+                               portable_config=None, fit_config=None)
 
 
-def _baselines_rmsnorm(a, b, weight, eps) -> dict:
-    out = _full_row.SPEC_RMSNORM.baselines(a, b, weight, eps)
-    gemm = _phase1_config(SPEC_RMSNORM, (a, b, weight, eps))
-    out["two_kernels"] = lambda: rmsnorm_two_kernels(a, b, weight, eps, gemm, RMS_APPLY_CONFIG)
-    return out
-
-
-# The persistent variant is the tunable, registrable one (outputs equal the reference's).
-# The two-kernel variant runs the partials kernel with the persistent variant's phase-1
-# tiling and the apply kernel with APPLY_CONFIG; the benchmark times it as "two_kernels".
-SPEC_LAYERNORM = dataclasses.replace(
-    _full_row.SPEC_LAYERNORM,
-    name="matmul_layernorm_split_n",
-    kernel=matmul_layernorm_split_n_kernel,
-    default_config=helion.Config(block_sizes=[64, 64, 32, 8], num_warps=4, num_stages=2, **_ONE_BLOCK),
-    seed_configs=_SEEDS_LN,
-    technique=_TECHNIQUE,
-    baselines=_baselines_layernorm,
-    dispatch_baseline=None,
-    portable_config=None,
-    fit_config=None,
-)
-SPEC_RMSNORM = dataclasses.replace(
-    _full_row.SPEC_RMSNORM,
-    name="matmul_rmsnorm_split_n",
-    kernel=matmul_rmsnorm_split_n_kernel,
-    default_config=helion.Config(block_sizes=[64, 64, 32, 8, 128], num_warps=4, num_stages=2, **_ONE_BLOCK),
-    seed_configs=_SEEDS_RMS,
-    technique=_TECHNIQUE,
-    baselines=_baselines_rmsnorm,
-    dispatch_baseline=None,
-    portable_config=None,
-    fit_config=None,
-)
+SPEC_LAYERNORM = _spec(_full_row.SPEC_LAYERNORM, "matmul_layernorm_split_n",
+                       matmul_layernorm_row_sweep_kernel)
+SPEC_RMSNORM = _spec(_full_row.SPEC_RMSNORM, "matmul_rmsnorm_split_n", matmul_rmsnorm_row_sweep_kernel)

@@ -21,7 +21,7 @@ shared between the MMA and the reduction, and no N tile recomputes the sum.
 
 An elementwise affine weight ``w`` [K] scales columns of ``rmsnorm(a)``, which is the same
 as scaling rows of ``b``: ``rmsnorm(a, w) @ b == rmsnorm(a) @ (w[:, None] * b)``. It is
-folded into ``b`` once (:func:`fold_rmsnorm_weight`), never applied in the k-loop.
+folded into ``b`` once (:func:`helion_kernels.fold_rmsnorm_weight`), never applied in the k-loop.
 """
 
 from __future__ import annotations
@@ -31,20 +31,14 @@ import helion.language as hl
 import torch
 import torch.nn.functional as F
 
-from .spec import (
+from ..spec import KernelSpec, Shape, gemm_flops, gemm_min_bytes, gemm_shape, random_gemm_operands, reference_dtype
+from .matmul import (
     GEMM_DEFAULT_CONFIG,
     SEED_POINTER_64x128,
     SEED_POINTER_128x128,
     SEED_POINTER_128x256,
     SEED_TMA_FLAT_128x256,
     SEED_TMA_PERSISTENT_128x128,
-    KernelSpec,
-    Shape,
-    gemm_flops,
-    gemm_min_bytes,
-    gemm_shape,
-    random_gemm_operands,
-    reference_dtype,
 )
 
 EPS = 1e-5
@@ -87,36 +81,6 @@ def row_block_config(gemm: helion.Config, stats_tile_k: int = STATS_TILE_K) -> h
     rest = {key: val for key, val in gemm.config.items()
             if key not in ("block_sizes", "l2_groupings")}
     return helion.Config(block_sizes=[tm, stats_tile_k, tn, tk], **rest)
-
-
-def fold_rmsnorm_weight(weight: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Fold an RMSNorm affine weight into the GEMM's right operand: ``weight[:, None] * b``.
-
-    Args:
-        weight: [K], the RMSNorm elementwise weight (any float dtype).
-        b: [K, N], the GEMM's right operand.
-
-    Returns:
-        [K, N] in ``b.dtype``, computed in fp32 and rounded once. Compute it once per
-        weight update and pass it as ``b`` with ``weight=None`` to reuse it.
-
-    Raises:
-        TypeError: ``weight`` or ``b`` is not a floating-point tensor.
-        ValueError: ``b`` is not 2-D, ``weight`` is not [K], or they are on two devices.
-    """
-    op = "fold_rmsnorm_weight"
-    for name, t in (("weight", weight), ("b", b)):
-        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
-            raise TypeError(f"{op}: {name} must be a floating-point tensor, got "
-                            f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
-    if b.dim() != 2:
-        raise ValueError(f"{op}: b must be 2-D [K, N], got shape {tuple(b.shape)}")
-    if tuple(weight.shape) != (b.shape[0],):
-        raise ValueError(f"{op}: weight must have shape [K] = ({b.shape[0]},) to match b "
-                         f"{tuple(b.shape)}, got {tuple(weight.shape)}")
-    if weight.device != b.device:
-        raise ValueError(f"{op}: weight is on {weight.device} and b on {b.device}")
-    return (weight.to(torch.float32)[:, None] * b.to(torch.float32)).to(b.dtype)
 
 
 def rmsnorm_matmul_reference(
@@ -165,8 +129,9 @@ def _baselines(a: torch.Tensor, b: torch.Tensor, eps: float) -> dict:
 SPEC = KernelSpec(
     name="rmsnorm_matmul",
     kernel=rmsnorm_matmul_kernel,
+    workload="gemm",
     make_args=_make_args,
-    shape_of=gemm_shape,
+    key_of=gemm_shape,
     reference=rmsnorm_matmul_reference,
     flops=gemm_flops,
     min_bytes=gemm_min_bytes,

@@ -10,7 +10,7 @@ random inputs (3 draws per config), the same tilings with
 * ``matmul``: the plain Helion GEMM, as a control,
 
 and records for each how many of the draws failed the fp32 reference check and the
-CUDA-graph time. Usage (CUDA machine): ``python bench/shared_operand_check.py OUT.csv``.
+CUDA-graph time. Usage (CUDA machine): ``python bench/variants/shared_operand_check.py OUT.csv``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from helion_kernels.kernels.matmul import matmul_kernel, matmul_reference
 from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_reference
 from pre_norm_variants import in_loop_kernel  # the double-load kernel (shipped until version 3)
-from helion_kernels.kernels.spec import Shape, random_gemm_operands
+from helion_kernels.spec import Shape, random_gemm_operands
 from helion_kernels.timing import time_ms
 from helion_kernels.verify import VerificationError, check_outputs
 

@@ -12,7 +12,7 @@ random inputs (``DRAWS`` reference checks plus ``REPEATS`` bit-identical reruns 
 * ``prepass``: a row-statistics kernel writes rstd [M], then a GEMM scales its epilogue by it;
 * ``matmul``: the plain Helion GEMM (control and floor for the fused variants).
 
-Usage (CUDA machine): ``python bench/pre_norm_variants.py OUT.csv``.
+Usage (CUDA machine): ``python bench/variants/pre_norm_variants.py OUT.csv``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_reference
 # (kept here, as the thing being compared against).
 from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_kernel as row_block_kernel
 from helion_kernels.kernels.rmsnorm_matmul import row_block_config
-from helion_kernels.kernels.spec import Shape, random_gemm_operands
+from helion_kernels.spec import Shape, random_gemm_operands
 from helion_kernels.timing import time_ms
 from helion_kernels.verify import VerificationError, check_deterministic, check_outputs
 

@@ -6,9 +6,9 @@ what each seed itself reaches, for both fused designs (the shipped per-head kern
 unfused GDPA kernel with eager norms. Run it from the checkout installed with
 ``pip install -e .``.
 
-    python bench/flash_norm_attention_configs.py --heads 8 --max-seq-len-q 3000
+    python bench/variants/flash_norm_attention_configs.py --heads 8 --max-seq-len-q 3000
 
-Writes ``bench/results/<gpu>/flash_norm_attention_configs_H<H>_q<max>.{csv,md}``.
+Writes ``bench/results/<gpu>/variants/flash_norm_attention_configs_H<H>_q<max>.{csv,md}``.
 """
 
 from __future__ import annotations
@@ -21,10 +21,13 @@ import helion
 import pandas as pd
 import torch
 
+import flash_norm_attention_all_heads as all_heads  # beside this script
 from helion_kernels import registry
-from helion_kernels.attention import AttentionRow, make_args, reference
 from helion_kernels.kernels import flash_norm_attention as fna
 from helion_kernels.kernels import gdpa as gd
+from helion_kernels.kernels.flash_norm_attention import kernel_reference as reference
+from helion_kernels.kernels.flash_norm_attention import make_args
+from helion_kernels.spec import AttentionRow
 from helion_kernels.timing import time_ms
 from helion_kernels.tuning import versions
 from helion_kernels.verify import check_outputs
@@ -37,7 +40,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--heads", type=int, default=8, help="H of the workload row (D = 128, batch 768)")
     p.add_argument("--max-seq-len-q", type=int, default=3000, help="longest Q sequence (fill 0.5)")
-    p.add_argument("--out", type=Path, default=None, help="folder (default: bench/results/<gpu>/)")
+    p.add_argument("--out", type=Path, default=None, help="folder (default: bench/results/<gpu>/variants/)")
     args = p.parse_args()
     if args.heads < 1 or args.max_seq_len_q < 1:
         p.error("--heads and --max-seq-len-q must be >= 1")
@@ -50,8 +53,8 @@ def main() -> int:
     ref = reference(*kargs)
     rows = []
     fused = [(fna.flash_norm_attention_kernel, cfg) for cfg in fna.SEED_CONFIGS]
-    fused += [(fna.flash_norm_attention_all_heads_kernel, cfg)
-              for cfg in (fna.ALL_HEADS_DEFAULT_CONFIG, *fna.ALL_HEADS_SEED_CONFIGS[1:])]
+    fused += [(all_heads.flash_norm_attention_all_heads_kernel, cfg)
+              for cfg in (all_heads.ALL_HEADS_DEFAULT_CONFIG, *all_heads.ALL_HEADS_SEED_CONFIGS[1:])]
     for kernel, cfg in fused:
         out = {"kernel": kernel.name, "config": repr(cfg.config)}
         try:
@@ -84,12 +87,12 @@ def main() -> int:
         print(out, flush=True)
     df = pd.DataFrame(rows)
     gpu = registry.gpu_key(device)
-    folder = args.out or Path(__file__).resolve().parent / "results" / gpu
+    folder = args.out or Path(__file__).resolve().parent.parent / "results" / gpu / "variants"
     folder.mkdir(parents=True, exist_ok=True)
     stem = folder / f"flash_norm_attention_configs_H{row.H}_q{row.max_seq_len_q}"
     df.to_csv(f"{stem}.csv", index=False, float_format="%.5g")
     head = [f"# FlashNormAttention config sweep on {torch.cuda.get_device_name(device)}", "",
-            f"- command: `python bench/{Path(__file__).name} --heads {row.H} --max-seq-len-q {row.max_seq_len_q}`",
+            f"- command: `python bench/variants/{Path(__file__).name} --heads {row.H} --max-seq-len-q {row.max_seq_len_q}`",
             f"- row: {row}, bf16, fast_gelu, affine norms; total_q = {q.shape[0]}",
             f"- versions: {', '.join(f'{k} {v}' for k, v in versions().items())}",
             "- timing: CUDA-graph replay, median of 10 replays (one input set: it is larger than L2)", ""]

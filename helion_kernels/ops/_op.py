@@ -1,0 +1,34 @@
+"""How a public op reaches its kernel: a ``torch.library`` custom op for compiled graphs,
+a direct call for eager ones.
+
+Under ``torch.compile`` the custom op (namespace ``helion_kernels``) puts one opaque node in
+the graph, whose fake (meta) implementation gives the output shapes while tracing, so a
+model that calls the op compiles with ``fullgraph=True``. An eager call skips the
+dispatcher (10-30 us per call, longer than some of these kernels run) and runs the same
+implementation directly, as Quack's ops do.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+NAMESPACE = "helion_kernels"
+
+
+class Op:
+    """One custom op: ``impl`` registered as ``helion_kernels::<name>`` with ``fake`` as
+    its fake implementation. Calling the object runs ``impl`` directly unless
+    ``torch.compile`` is tracing, in which case it calls the registered op."""
+
+    def __init__(self, name: str, impl: Callable, fake: Callable) -> None:
+        self.name = name
+        self.impl = impl
+        self.custom_op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=())
+        self.custom_op.register_fake(fake)
+
+    def __call__(self, *args):
+        if torch.compiler.is_compiling():
+            return self.custom_op(*args)
+        return self.impl(*args)

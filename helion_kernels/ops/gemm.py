@@ -1,0 +1,45 @@
+"""``matmul``: the plain Helion GEMM, tuned like the fused kernels (the blog's baseline)."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import checks, runtime
+from ._op import Op
+
+_kernels = runtime.LazyModule("helion_kernels.kernels.matmul")
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if a.shape[0] == 0 or b.shape[1] == 0:
+        return a.new_empty(a.shape[0], b.shape[1])
+    return runtime.launch(_kernels.SPEC, (a.contiguous(), b.contiguous()))
+
+
+def _matmul_fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.new_empty(a.shape[0], b.shape[1])
+
+
+_OP = Op("matmul", _matmul, _matmul_fake)
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The Helion GEMM ``a @ b`` with the tuned config for this shape.
+
+    Args:
+        a: [M, K], bf16, fp16 or fp32, on a CUDA device.
+        b: [K, N], same dtype and device.
+
+    Returns:
+        [M, N] in the input dtype; fp32 accumulation (fp32 inputs use TF32 tensor cores).
+
+    Raises:
+        TypeError: non-tensor input, unsupported or mismatched dtypes.
+        ValueError: not 2-D, mismatched K, K = 0, CPU tensors outside interpret modes,
+            tensors on different devices.
+        NotImplementedError: an input requires grad (no backward yet).
+    """
+    checks.gemm_operands("matmul", a, b)
+    runtime.check_runnable("matmul", a.device)
+    checks.no_grad("matmul", a, b)
+    return _OP(a, b)

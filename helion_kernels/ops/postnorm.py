@@ -1,0 +1,255 @@
+"""Full-row post-norm (technique 1): ``matmul_layernorm`` / ``matmul_rmsnorm`` =
+``norm(a @ b)`` over N, fused into the GEMM where tuning measured that faster.
+
+Source: the PyTorch blog "Towards Free Normalization: Fusing Normalization into GEMM and
+Attention Kernels" (Meta, 2026); the kernels and their references are
+:mod:`helion_kernels.kernels.postnorm_full_row`. Past the full-row N limit the ops run the
+unfused path; :mod:`.split_n` has the fused ops for any N.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from .. import checks, runtime
+from ..kernels.limits import check_full_row_n, max_full_row_n
+from ._op import Op
+
+_kernels = runtime.LazyModule("helion_kernels.kernels.postnorm_full_row")
+
+
+def use_fused(spec, args: tuple, fused: bool | None = None) -> bool:
+    """Whether a full-row post-norm call runs the fused kernel (True) or cuBLAS + the
+    inductor norm (False).
+
+    ``fused=None`` follows the registry (:func:`~helion_kernels.runtime.fused_choice`): the
+    fused kernel only where tuning measured it faster than ``spec.dispatch_baseline`` at this
+    shape (or, for an untuned shape, at the nearest tuned one), never for a GPU with no
+    tuned entry, never past :func:`~helion_kernels.kernels.limits.max_full_row_n`.
+    ``fused=True`` forces the kernel (ValueError past the N limit); ``fused=False`` forces the
+    unfused path. In Helion's reference mode (no configs, no timings) the kernel always runs.
+
+    Raises:
+        TypeError: ``fused`` is not None, True or False.
+        ValueError: ``fused=True`` and N is past the full-row limit.
+    """
+    checks.fused_flag(fused)
+    a, b = args[0], args[1]
+    n = b.shape[1]
+    device = a.device if a.is_cuda else None
+    if fused is False:
+        return False
+    if fused:
+        check_full_row_n(n, a.dtype, device, op=spec.name)
+        return True
+    if n > max_full_row_n(a.dtype, device):
+        return False
+    if runtime.reference_mode(spec.kernel):
+        return True
+    return runtime.fused_choice(spec, args)
+
+
+def _layer_norm(x, weight, bias, eps):
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def _rms_norm(x, weight, eps):
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _layer_norm_stats(x32, weight, bias, eps):
+    """LayerNorm of an fp32 [M, N] and its (mean, rstd), all in fp32."""
+    var, mean = torch.var_mean(x32, dim=1, correction=0)
+    rstd = torch.rsqrt(var + eps)
+    y = (x32 - mean[:, None]) * rstd[:, None]
+    if weight is not None:
+        y = y * weight.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y, mean, rstd
+
+
+def _rms_norm_stats(x32, weight, eps):
+    """RMSNorm of an fp32 [M, N] and its rstd, in fp32."""
+    rstd = torch.rsqrt(x32.pow(2).mean(dim=1) + eps)
+    y = x32 * rstd[:, None]
+    return (y if weight is None else y * weight.float()), rstd
+
+
+@functools.cache
+def _inductor(fn):
+    """``fn`` compiled by inductor once per process (it then specializes per shape)."""
+    return torch.compile(fn, dynamic=False)
+
+
+def _unfused_norm(fn, x: torch.Tensor, *params):
+    """The standalone norm of the unfused path: inductor-compiled on CUDA, eager elsewhere."""
+    return (_inductor(fn) if x.is_cuda else fn)(x, *params)
+
+
+def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` accumulated and returned in fp32 (torch's CPU build has no ``out_dtype``)."""
+    if a.is_cuda and a.dtype != torch.float32:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
+
+
+def _like(param: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
+    """An affine parameter in the activation dtype, as torch's standalone norms expect."""
+    return None if param is None else param.to(x.dtype)
+
+
+def _operands(a, b, *params) -> tuple:
+    return (a.contiguous(), b.contiguous(), *(None if p is None else p.contiguous() for p in params))
+
+
+def _no_stats(a: torch.Tensor) -> torch.Tensor:
+    return a.new_empty(0, dtype=torch.float32)
+
+
+def _matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None,
+                      bias: torch.Tensor | None, eps: float, return_stats: bool,
+                      fused: bool | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    spec = _kernels.SPEC_LAYERNORM
+    m, n = a.shape[0], b.shape[1]
+    args = (*_operands(a, b, weight, bias), eps)
+    if m == 0 or n == 0:
+        use_fused(spec, args, fused if fused is not None else False)  # fused=True past the limit raises
+        stats = torch.full((2, m), float("nan"), dtype=torch.float32, device=a.device)  # over no columns
+        return a.new_empty(m, n), stats[0].clone(), stats[1].clone()
+    if use_fused(spec, args, fused):
+        y, mean, rstd = runtime.launch(spec, args)
+        return (y, mean, rstd) if return_stats else (y, _no_stats(a), _no_stats(a))
+    if not return_stats:
+        c = torch.mm(a, b)
+        return _unfused_norm(_layer_norm, c, _like(weight, c), _like(bias, c), eps), _no_stats(a), _no_stats(a)
+    # Statistics for a backward: from the fp32 product, as the fused kernel takes them.
+    y, mean, rstd = _unfused_norm(_layer_norm_stats, _mm_fp32(a, b), weight, bias, eps)
+    return y.to(a.dtype), mean, rstd
+
+
+def _matmul_layernorm_fake(a, b, weight, bias, eps, return_stats, fused):
+    rows = a.shape[0] if return_stats else 0
+    return (a.new_empty(a.shape[0], b.shape[1]), a.new_empty(rows, dtype=torch.float32),
+            a.new_empty(rows, dtype=torch.float32))
+
+
+def _matmul_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                    return_rstd: bool, fused: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+    spec = _kernels.SPEC_RMSNORM
+    m, n = a.shape[0], b.shape[1]
+    args = (*_operands(a, b, weight), eps)
+    if m == 0 or n == 0:
+        use_fused(spec, args, fused if fused is not None else False)
+        return a.new_empty(m, n), torch.full((m,), float("nan"), dtype=torch.float32, device=a.device)
+    if use_fused(spec, args, fused):
+        y, rstd = runtime.launch(spec, args)
+        return (y, rstd) if return_rstd else (y, _no_stats(a))
+    if not return_rstd:
+        c = torch.mm(a, b)
+        return _unfused_norm(_rms_norm, c, _like(weight, c), eps), _no_stats(a)
+    y, rstd = _unfused_norm(_rms_norm_stats, _mm_fp32(a, b), weight, eps)
+    return y.to(a.dtype), rstd
+
+
+def _matmul_rmsnorm_fake(a, b, weight, eps, return_rstd, fused):
+    rows = a.shape[0] if return_rstd else 0
+    return a.new_empty(a.shape[0], b.shape[1]), a.new_empty(rows, dtype=torch.float32)
+
+
+_LAYERNORM = Op("matmul_layernorm", _matmul_layernorm, _matmul_layernorm_fake)
+_RMSNORM = Op("matmul_rmsnorm", _matmul_rmsnorm, _matmul_rmsnorm_fake)
+
+
+def matmul_layernorm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    return_stats: bool = False,
+    fused: bool | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``layer_norm(a @ b, (N,), weight, bias, eps)``, fused into the GEMM where that is faster.
+
+    Full-row post-norm fusion, technique 1 of the PyTorch blog "Towards Free Normalization:
+    Fusing Normalization into GEMM and Attention Kernels" (Meta, 2026): one program owns
+    whole output rows, so the row statistics are taken from the fp32 accumulator in
+    registers and the un-normalised product never goes to memory
+    (:mod:`helion_kernels.kernels.postnorm_full_row`). Per shape, the registry records
+    whether that kernel beat cuBLAS + the inductor-compiled norm when it was tuned; the
+    call runs the winner (see :func:`use_fused`), so a tuned shape never regresses.
+
+    Args:
+        a: [M, K], bf16, fp16 or fp32, on a CUDA device.
+        b: [K, N], same dtype and device. N is the normalised dimension.
+        weight, bias: optional LayerNorm affine parameters [N] (any float dtype).
+        eps: added to the variance, >= 0.
+        return_stats: also return the row ``mean`` and ``rstd`` [M] fp32 (for a backward).
+        fused: None (the registry decides), True (always the fused kernel), False (always
+            cuBLAS + the standalone norm).
+
+    Returns:
+        ``y`` [M, N] in the input dtype (fp32 accumulation and statistics), or
+        ``(y, mean, rstd)`` with ``return_stats=True``.
+
+    Raises:
+        TypeError: non-tensor input, unsupported or mismatched dtypes, ``fused`` not a bool
+            or None.
+        ValueError: not 2-D, mismatched K, K = 0, weight/bias not of shape [N], negative
+            eps, CPU tensors outside interpret modes, tensors on different devices, or
+            ``fused=True`` with N past the full-row limit (the error names the split-N
+            strategy; raised at launch, before the kernel runs).
+        NotImplementedError: an input requires grad (no backward yet).
+    """
+    op = "matmul_layernorm"
+    checks.gemm_operands(op, a, b)
+    eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight, bias=bias)
+    checks.fused_flag(fused)
+    runtime.check_runnable(op, a.device)
+    checks.no_grad(op, a, b, weight, bias)
+    y, mean, rstd = _LAYERNORM(a, b, weight, bias, eps, return_stats, fused)
+    return (y, mean, rstd) if return_stats else y
+
+
+def matmul_rmsnorm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    return_rstd: bool = False,
+    fused: bool | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``rms_norm(a @ b, (N,), weight, eps)``, fused into the GEMM where that is faster.
+
+    Same strategy, dispatch and errors as :func:`matmul_layernorm` (technique 1 of the
+    PyTorch blog "Towards Free Normalization", 2026), with
+    ``rstd = 1 / sqrt(mean((a @ b)**2, dim=1) + eps)``.
+
+    Args:
+        a: [M, K], bf16, fp16 or fp32, on a CUDA device.
+        b: [K, N], same dtype and device. N is the normalised dimension.
+        weight: optional RMSNorm affine weight [N].
+        eps: added to the mean square, >= 0.
+        return_rstd: also return ``rstd`` [M] fp32.
+        fused: None (the registry decides), True (always fused), False (always unfused).
+
+    Returns:
+        ``y`` [M, N] in the input dtype, or ``(y, rstd)`` with ``return_rstd=True``.
+
+    Raises:
+        TypeError, ValueError, NotImplementedError: as :func:`matmul_layernorm`.
+    """
+    op = "matmul_rmsnorm"
+    checks.gemm_operands(op, a, b)
+    eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight)
+    checks.fused_flag(fused)
+    runtime.check_runnable(op, a.device)
+    checks.no_grad(op, a, b, weight)
+    y, rstd = _RMSNORM(a, b, weight, eps, return_rstd, fused)
+    return (y, rstd) if return_rstd else y

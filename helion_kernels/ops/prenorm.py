@@ -1,0 +1,111 @@
+"""Deferred pre-norm (technique 2): ``rmsnorm_matmul`` = ``rms_norm(a, weight) @ b``.
+
+Source: the PyTorch blog "Towards Free Normalization: Fusing Normalization into GEMM and
+Attention Kernels" (Meta, 2026); the kernel and its reference are
+:mod:`helion_kernels.kernels.rmsnorm_matmul`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import checks, runtime
+from ._op import Op
+
+_kernels = runtime.LazyModule("helion_kernels.kernels.rmsnorm_matmul")
+
+
+def fold_rmsnorm_weight(weight: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Fold an RMSNorm affine weight into the GEMM's right operand: ``weight[:, None] * b``.
+
+    ``rms_norm(a, weight) @ b == rms_norm(a) @ (weight[:, None] * b)``: the weight scales
+    columns of the normalised ``a``, i.e. rows of ``b``.
+
+    Args:
+        weight: [K], the RMSNorm elementwise weight (any float dtype).
+        b: [K, N], the GEMM's right operand.
+
+    Returns:
+        [K, N] in ``b.dtype``, computed in fp32 and rounded once. Compute it once per
+        weight update and pass it as ``b`` with ``weight=None`` to reuse it.
+
+    Raises:
+        TypeError: ``weight`` or ``b`` is not a floating-point tensor.
+        ValueError: ``b`` is not 2-D, ``weight`` is not [K], or they are on two devices.
+    """
+    op = "fold_rmsnorm_weight"
+    for name, t in (("weight", weight), ("b", b)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise TypeError(f"{op}: {name} must be a floating-point tensor, got "
+                            f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if b.dim() != 2:
+        raise ValueError(f"{op}: b must be 2-D [K, N], got shape {tuple(b.shape)}")
+    if tuple(weight.shape) != (b.shape[0],):
+        raise ValueError(f"{op}: weight must have shape [K] = ({b.shape[0]},) to match b "
+                         f"{tuple(b.shape)}, got {tuple(weight.shape)}")
+    if weight.device != b.device:
+        raise ValueError(f"{op}: weight is on {weight.device} and b on {b.device}")
+    return (weight.to(torch.float32)[:, None] * b.to(torch.float32)).to(b.dtype)
+
+
+def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    m, n = a.shape[0], b.shape[1]
+    if m == 0 or n == 0:
+        # rstd is defined (the norm is over K); there is nothing to multiply.
+        return a.new_empty(m, n), torch.rsqrt(a.float().pow(2).mean(dim=1) + eps)
+    return runtime.launch(_kernels.SPEC, (a.contiguous(), b.contiguous(), eps))
+
+
+def _rmsnorm_matmul_fake(a, b, eps):
+    return a.new_empty(a.shape[0], b.shape[1]), a.new_empty(a.shape[0], dtype=torch.float32)
+
+
+_OP = Op("rmsnorm_matmul", _rmsnorm_matmul, _rmsnorm_matmul_fake)
+
+
+def rmsnorm_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    return_rstd: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``rmsnorm(a, weight, eps) @ b`` in one kernel (deferred pre-norm).
+
+    Computes ``c = (a * rstd[:, None] * weight) @ b`` with
+    ``rstd = 1 / sqrt(mean(a**2, dim=1) + eps)``: the GEMM runs on the raw ``a`` and its
+    epilogue scales the accumulator by ``rstd``, which each program computes once for its
+    block of rows (see :mod:`helion_kernels.kernels.rmsnorm_matmul`).
+    Technique 2 ("deferred pre-norm") of the PyTorch blog "Towards Free Normalization:
+    Fusing Normalization into GEMM and Attention Kernels" (Meta, 2026).
+
+    Args:
+        a: [M, K] activations, bf16, fp16 or fp32, on a CUDA device. The norm is over K.
+        b: [K, N] right operand, same dtype and device (for an ``nn.Linear`` weight W of
+            shape [N, K], pass ``W.t()``).
+        weight: optional RMSNorm affine weight [K]. It is folded into ``b``
+            (:func:`fold_rmsnorm_weight`) on every call; when it is fixed across calls,
+            fold it once yourself and pass ``weight=None``.
+        eps: added to the mean square, >= 0.
+        return_rstd: also return ``rstd`` [M] fp32 (what a backward needs).
+
+    Returns:
+        ``c`` [M, N] in the input dtype (fp32 accumulation and statistics), or
+        ``(c, rstd)`` with ``return_rstd=True``.
+
+    Raises:
+        TypeError: non-tensor input, unsupported or mismatched dtypes.
+        ValueError: not 2-D, mismatched K, K = 0, weight not of shape [K], negative eps,
+            CPU tensors outside interpret modes, tensors on different devices.
+        NotImplementedError: an input requires grad (no backward yet).
+    """
+    op = "rmsnorm_matmul"
+    checks.gemm_operands(op, a, b)
+    eps = checks.norm_params(op, a, a.shape[1], eps, dim="K", weight=weight)  # the norm is over K
+    runtime.check_runnable(op, a.device)
+    checks.no_grad(op, a, b, weight)
+    if weight is not None:
+        b = fold_rmsnorm_weight(weight, b)
+    c, rstd = _OP(a, b, eps)
+    return (c, rstd) if return_rstd else c

@@ -1,0 +1,200 @@
+"""Split-N post-norm (technique 3) for N past the full-row limit:
+``matmul_layernorm_split_n``, ``matmul_rmsnorm_split_n`` (the row sweep) and
+``matmul_rmsnorm_matmul`` (the norm deferred into the next GEMM).
+
+Source: the PyTorch blog "Towards Free Normalization: Fusing Normalization into GEMM and
+Attention Kernels" (Meta, 2026). The blog exchanges per-row statistics between the CTAs of
+a thread-block cluster through distributed shared memory, which Helion does not expose on
+Hopper; the kernels here are the fastest of the Helion versions measured
+(:mod:`helion_kernels.kernels.postnorm_split_n`, :mod:`helion_kernels.kernels.postnorm_deferred`;
+the others are under ``bench/variants/``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import checks, registry, runtime
+from ..spec import Shape
+from ._op import Op
+from .prenorm import fold_rmsnorm_weight
+
+_row_sweep = runtime.LazyModule("helion_kernels.kernels.postnorm_split_n")
+_deferred = runtime.LazyModule("helion_kernels.kernels.postnorm_deferred")
+
+
+def _operands(a, b, *params) -> tuple:
+    return (a.contiguous(), b.contiguous(), *(None if p is None else p.contiguous() for p in params))
+
+
+def _nan_stats(a: torch.Tensor, m: int) -> torch.Tensor:
+    return torch.full((m,), float("nan"), dtype=torch.float32, device=a.device)  # over no columns
+
+
+def _layernorm_split_n(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None,
+                       bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m, n = a.shape[0], b.shape[1]
+    if m == 0 or n == 0:
+        return a.new_empty(m, n), _nan_stats(a, m), _nan_stats(a, m)
+    return runtime.launch(_row_sweep.SPEC_LAYERNORM, (*_operands(a, b, weight, bias), eps))
+
+
+def _layernorm_split_n_fake(a, b, weight, bias, eps):
+    m = a.shape[0]
+    return a.new_empty(m, b.shape[1]), a.new_empty(m, dtype=torch.float32), a.new_empty(m, dtype=torch.float32)
+
+
+def _rmsnorm_split_n(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    m, n = a.shape[0], b.shape[1]
+    if m == 0 or n == 0:
+        return a.new_empty(m, n), _nan_stats(a, m)
+    return runtime.launch(_row_sweep.SPEC_RMSNORM, (*_operands(a, b, weight), eps))
+
+
+def _rmsnorm_split_n_fake(a, b, weight, eps):
+    return a.new_empty(a.shape[0], b.shape[1]), a.new_empty(a.shape[0], dtype=torch.float32)
+
+
+_LAYERNORM = Op("matmul_layernorm_split_n", _layernorm_split_n, _layernorm_split_n_fake)
+_RMSNORM = Op("matmul_rmsnorm_split_n", _rmsnorm_split_n, _rmsnorm_split_n_fake)
+
+
+def matmul_layernorm_split_n(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    return_stats: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``layer_norm(a @ b, (N,), weight, bias, eps)`` for any N, the row split into N tiles.
+
+    Split-N post-norm, technique 3 of the PyTorch blog "Towards Free Normalization" (Meta,
+    2026), as the row sweep of :mod:`helion_kernels.kernels.postnorm_split_n`: the GEMM
+    keeps its own N tiling (tile_n < N); one program per row block walks the block's N
+    tiles, storing each un-normalised (centred on its own mean) and merging its statistics
+    with Chan's formula, then re-reads the tiles from L2 and normalises them. On the H200 it
+    is correct but 1.11-1.24x slower than cuBLAS + the best standalone norm on every
+    benchmarked shape (``bench/results/``), so ``matmul_layernorm`` does not dispatch to it;
+    without a registry entry for your GPU it runs a conservative default config (with a
+    warning).
+
+    Args, returns and errors: as :func:`~helion_kernels.matmul_layernorm`, without ``fused``
+    and without an N limit. The un-normalised tile is stored in the input dtype between the
+    two sweeps (centred on its tile mean), so with fp16 inputs a deviation past 65504
+    overflows, as in cuBLAS + a standalone norm; the full-row kernel keeps it in fp32.
+    """
+    op = "matmul_layernorm_split_n"
+    checks.gemm_operands(op, a, b)
+    eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight, bias=bias)
+    runtime.check_runnable(op, a.device)
+    checks.no_grad(op, a, b, weight, bias)
+    y, mean, rstd = _LAYERNORM(a, b, weight, bias, eps)
+    return (y, mean, rstd) if return_stats else y
+
+
+def matmul_rmsnorm_split_n(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+    *,
+    return_rstd: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``rms_norm(a @ b, (N,), weight, eps)`` for any N, the row split into N tiles.
+
+    The RMSNorm twin of :func:`matmul_layernorm_split_n` (same technique and kernel design,
+    same caveats: on the H200 from break-even at K = N = 512 to 1.15x slower than cuBLAS + the
+    best standalone norm; with fp16 inputs a product past 65504 overflows between the sweeps).
+    Args, returns and errors: as :func:`~helion_kernels.matmul_rmsnorm`, without ``fused``
+    and without an N limit.
+    """
+    op = "matmul_rmsnorm_split_n"
+    checks.gemm_operands(op, a, b)
+    eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight)
+    runtime.check_runnable(op, a.device)
+    checks.no_grad(op, a, b, weight)
+    y, rstd = _RMSNORM(a, b, weight, eps)
+    return (y, rstd) if return_rstd else y
+
+
+def _consumer_config(a: torch.Tensor, m: int, n: int, n2: int):
+    """The consumer GEMM's config: the plain ``matmul`` registry entry at (M, N, N2)."""
+    found = registry.lookup("matmul", Shape(m, n, n2), a.dtype, registry.gpu_key(a.device))
+    return _deferred.consumer_config(None if found.entry is None else found.entry.config)
+
+
+def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, eps: float) -> torch.Tensor:
+    m, n2 = a.shape[0], c.shape[1]
+    if m == 0 or n2 == 0:
+        return a.new_zeros(m, n2)
+    a, b, c = a.contiguous(), b.contiguous(), c.contiguous()
+    x, partials = runtime.launch(_deferred.SPEC, (a, b))
+    return runtime.launch_kernel(_deferred.rmsnorm_scaled_matmul_kernel, (x, c, partials, eps),
+                                 lambda: _consumer_config(a, m, b.shape[1], n2))
+
+
+def _rmsnorm_matmul_fake(a, b, c, eps):
+    return a.new_empty(a.shape[0], c.shape[1])
+
+
+_DEFERRED = Op("matmul_rmsnorm_matmul", _rmsnorm_matmul, _rmsnorm_matmul_fake)
+
+
+def matmul_rmsnorm_matmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """``rms_norm(a @ b, (N,), weight, eps) @ c`` without normalising ``a @ b`` (any N).
+
+    Split-N candidate 3 (deferred post-norm) of technique 3 of the PyTorch blog "Towards
+    Free Normalization" (Meta, 2026), see :mod:`helion_kernels.kernels.postnorm_deferred`:
+    the first GEMM writes ``x = a @ b`` and per-row partial sums of squares; the second runs
+    on ``x`` and ``w[:, None] * c`` and scales its accumulator by ``rstd``. For the Linear ->
+    RMSNorm -> Linear pattern when nothing else reads the normalised activations. On the
+    H200 it beats cuBLAS -> standalone RMSNorm -> cuBLAS only at K = 512 with N >= 2048
+    (``bench/results/``). The first GEMM's tiling is this op's registry entry at (M, K, N),
+    the second's the ``matmul`` entry at (M, N, N2), each falling back (with a warning) to
+    the nearest or a default config.
+
+    Args:
+        a: [M, K], bf16, fp16 or fp32, on a CUDA device.
+        b: [K, N] and c: [N, N2], same dtype and device. N is the normalised dimension.
+        weight: optional RMSNorm affine weight [N], folded into ``c`` on every call (fold it
+            once with :func:`~helion_kernels.fold_rmsnorm_weight` and pass ``weight=None``
+            to reuse it).
+        eps: added to the mean square, >= 0.
+
+    Returns:
+        [M, N2] in the input dtype. ``x`` is stored in the input dtype between the GEMMs (as
+        by cuBLAS + a standalone norm); statistics and accumulation are fp32.
+
+    Raises:
+        TypeError, ValueError: as :func:`~helion_kernels.matmul_rmsnorm`, and for ``c`` not
+            [N, N2] in the same dtype and device, or N = 0.
+        NotImplementedError: an input requires grad.
+    """
+    op = "matmul_rmsnorm_matmul"
+    checks.gemm_operands(op, a, b)
+    n = b.shape[1]
+    if not isinstance(c, torch.Tensor):
+        raise TypeError(f"{op}: c must be a torch.Tensor, got {type(c).__name__}")
+    if c.dim() != 2 or c.shape[0] != n:
+        raise ValueError(f"{op}: c must be 2-D [N, N2] with N = {n} (b is {tuple(b.shape)}), "
+                         f"got shape {tuple(c.shape)}")
+    if c.dtype != a.dtype:
+        raise TypeError(f"{op}: c must have the dtype of a and b ({a.dtype}), got {c.dtype}")
+    if n == 0:
+        raise ValueError(f"{op}: N must be at least 1 (the norm is over N), got b of shape {tuple(b.shape)}")
+    checks.same_device(op, a, c)
+    eps = checks.norm_params(op, a, n, eps, weight=weight)
+    runtime.check_runnable(op, a.device)
+    checks.no_grad(op, a, b, c, weight)
+    if weight is not None:
+        c = fold_rmsnorm_weight(weight, c)
+    return _DEFERRED(a, b, c, eps)

@@ -1,0 +1,198 @@
+"""Launching kernels: bind a Helion kernel to a call's arguments, resolve its config from the
+registry (exact / nearest / default), cache the compiled kernel, launch.
+
+The bound, compiled kernel is cached per specialization (shapes, strides, dtypes, device),
+so the registry is read once per shape per process: configs tuned by another process are
+seen after :func:`clear_cache` or a restart. In Helion's reference mode
+(``HELION_INTERPRET=1``) configs do not apply and the kernel runs eagerly.
+
+Kernel modules are imported by their first launch (through :class:`LazyModule`), not with
+the package: ``import helion`` takes seconds, and a model that imports helion_kernels but
+runs unfused should not pay for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import types
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from . import registry
+from .kernels import cpu_reference_mode
+from .spec import KernelSpec
+
+
+class LazyModule(types.ModuleType):
+    """A module imported on first attribute access (``importlib.import_module``)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self._module: types.ModuleType | None = None
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        if self._module is None:
+            self._module = importlib.import_module(self.__name__)
+        return getattr(self._module, attr)
+
+
+def interpret_mode() -> str | None:
+    """``"helion"`` under HELION_INTERPRET=1, ``"triton"`` under TRITON_INTERPRET=1, else None."""
+    if os.environ.get("HELION_INTERPRET", "0") not in ("", "0"):
+        return "helion"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "triton"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Resolved:
+    """The config a call runs with (a ``helion.Config``) and where it came from."""
+
+    config: Any
+    source: str  # "exact", "nearest" or "default"
+    entry: registry.Entry | None
+
+
+# (spec name, specialization) -> (compiled BoundKernel, Resolved)
+_BOUND: dict[tuple, tuple[Any, Resolved]] = {}
+# (kernel name, specialization) -> compiled BoundKernel, for kernels run outside a spec
+_KERNEL_BOUND: dict[tuple, Any] = {}
+# (spec name, key, dtype, gpu) -> whether the registry chose the fused kernel
+_FUSED_CHOICE: dict[tuple, bool] = {}
+
+
+def _helion_config(config: dict):
+    import helion  # already imported by the kernel module that is being launched
+
+    return helion.Config(**config)
+
+
+def resolve_entry(spec: KernelSpec, found: registry.Lookup, args: tuple):
+    """The ``helion.Config`` of a registry lookup for ``args``: the entry's (or the spec's
+    default), made portable (``spec.portable_config``) and, unless tuned at this exact shape
+    on this GPU, fitted to the call (``spec.fit_config``)."""
+    config = spec.default_config if found.entry is None else _helion_config(found.entry.config)
+    if spec.portable_config is not None:
+        config = spec.portable_config(config)
+    if spec.fit_config is not None and found.source != "exact":
+        config = spec.fit_config(config, args)
+    return config
+
+
+def resolve(spec: KernelSpec, args: tuple, warn: bool = True) -> Resolved:
+    """The registry config (and its source) of ``spec`` for a call with ``args``."""
+    found = registry.lookup(spec.name, spec.key_of(args), args[0].dtype, registry.gpu_key(args[0].device),
+                            warn=warn)
+    return Resolved(resolve_entry(spec, found, args), found.source, found.entry)
+
+
+def _bound(spec: KernelSpec, args: tuple) -> tuple[Any, Resolved]:
+    key = (spec.name, spec.kernel.specialization_key(args))
+    hit = _BOUND.get(key)
+    if hit is None:
+        resolved = resolve(spec, args)
+        bound = spec.kernel.bind(args)
+        bound.set_config(resolved.config)
+        hit = _BOUND[key] = (bound, resolved)
+    return hit
+
+
+def resolved_config(spec: KernelSpec, args: tuple) -> Resolved:
+    """The config :func:`launch` uses for ``args`` (compiling the kernel if needed; in
+    reference mode, where configs do not apply, the registry's answer alone)."""
+    if reference_mode(spec.kernel):
+        return resolve(spec, args)
+    return _bound(spec, args)[1]
+
+
+def reference_mode(kernel) -> bool:
+    """Whether ``kernel`` runs in Helion's reference mode (eager, configs ignored); if so,
+    torch's CPU build gets the dot kernels that mode needs (:mod:`.kernels.cpu_reference_mode`)."""
+    from helion.runtime.ref_mode import is_ref_mode_enabled
+
+    if is_ref_mode_enabled(kernel.settings):
+        cpu_reference_mode.install()
+        return True
+    return False
+
+
+def launch(spec: KernelSpec, args: tuple):
+    """Run ``spec.kernel`` on already-validated ``args`` with its registry config.
+
+    The config is the registry's exact entry for the shape, else the nearest tuned shape's,
+    else the kernel's default (both with a ``ConfigFallbackWarning``, once per shape and
+    process); in reference mode the kernel runs eagerly.
+    """
+    if reference_mode(spec.kernel):
+        return spec.kernel(*args)
+    return _bound(spec, args)[0](*args)
+
+
+def launch_kernel(kernel, args: tuple, config: Callable[[], Any] | None = None):
+    """Run a kernel that has no spec of its own: compiled once per specialization with
+    ``config()`` (called on the first launch only), or with the config pinned on the kernel
+    when ``config`` is None; eagerly in reference mode."""
+    if config is None or reference_mode(kernel):
+        return kernel(*args)
+    key = (kernel.name, kernel.specialization_key(args))
+    bound = _KERNEL_BOUND.get(key)
+    if bound is None:
+        bound = kernel.bind(args)
+        bound.set_config(config())
+        _KERNEL_BOUND[key] = bound
+    return bound(*args)
+
+
+def fused_choice(spec: KernelSpec, args: tuple) -> bool:
+    """The registry's dispatch decision for a call of ``spec`` (one with a
+    ``dispatch_baseline``), read without compiling anything.
+
+    True where tuning measured the fused kernel faster than the unfused pipeline at this
+    shape, or, for an untuned shape, at the nearest tuned one (a ``ConfigFallbackWarning``
+    says so when that one chose unfused; a fused choice warns when the kernel resolves its
+    config); False for a GPU with no entry at all.
+    """
+    a = args[0]
+    key = spec.key_of(args)
+    dtype, gpu = registry.dtype_name(a.dtype), registry.gpu_key(a.device)
+    cache_key = (spec.name, key, dtype, gpu)
+    if cache_key not in _FUSED_CHOICE:
+        found = registry.lookup(spec.name, key, dtype, gpu, warn=False)
+        entry = found.entry
+        choice = entry is not None and entry.meta.get("dispatch", {}).get("choice") == "fused"
+        if entry is not None and not choice and found.source != "exact":
+            warnings.warn(
+                f"{spec.name}: no dispatch decision tuned for {key} {dtype} on {gpu}; "
+                f"following the one tuned for {entry.shape} {entry.dtype} (unfused). Tune this "
+                f"shape with: {registry.tune_command(spec.name, key, dtype)}",
+                registry.ConfigFallbackWarning, stacklevel=4)
+        _FUSED_CHOICE[cache_key] = choice
+    return _FUSED_CHOICE[cache_key]
+
+
+def clear_cache() -> None:
+    """Forget compiled kernels and dispatch decisions so the next call re-reads the registry."""
+    _BOUND.clear()
+    _KERNEL_BOUND.clear()
+    _FUSED_CHOICE.clear()
+
+
+def check_runnable(op: str, device: torch.device) -> None:
+    """One clear line instead of a kernel error when ``device`` cannot run the kernels.
+
+    Raises:
+        ValueError: a CPU (or other non-CUDA) tensor outside the interpret modes.
+    """
+    if device.type != "cuda" and interpret_mode() is None:
+        raise ValueError(
+            f"{op}: the kernels need CUDA tensors, got {device.type} tensors. Without a GPU, "
+            f"set HELION_INTERPRET=1 before the first call to run them in Helion's reference "
+            f"mode (eager PyTorch: checks the math, slowly)"
+        )
