@@ -15,24 +15,25 @@ import torch
 import helion_kernels as hk
 from helion_kernels.ops import attention, gemm, postnorm, prenorm, split_n
 
-pytestmark = pytest.mark.ref_mode
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ON_GPU = pytest.mark.cuda if DEVICE == "cuda" else pytest.mark.ref_mode  # the same tests on CUDA
 
 
 def _gemm_inputs(m=9, k=24, n=20, n2=12, dtype=torch.float32):
     gen = torch.Generator().manual_seed(5)
-    a = torch.randn(m, k, generator=gen).to(dtype)
-    b = (torch.randn(k, n, generator=gen) / k**0.5).to(dtype)
-    c = (torch.randn(n, n2, generator=gen) / n**0.5).to(dtype)
-    w = 1 + 0.1 * torch.randn(n, generator=gen)
-    bias = 0.1 * torch.randn(n, generator=gen)
+    a = torch.randn(m, k, generator=gen).to(DEVICE, dtype)
+    b = (torch.randn(k, n, generator=gen) / k**0.5).to(DEVICE, dtype)
+    c = (torch.randn(n, n2, generator=gen) / n**0.5).to(DEVICE, dtype)
+    w = (1 + 0.1 * torch.randn(n, generator=gen)).to(DEVICE)
+    bias = (0.1 * torch.randn(n, generator=gen)).to(DEVICE)
     return a, b, c, w, bias
 
 
 def _jagged_inputs(dtype=torch.float32):
     gen = torch.Generator().manual_seed(6)
-    qo, ko = torch.tensor([0, 5, 5, 12]), torch.tensor([0, 8, 11, 16])
-    q, k, v = (torch.randn(n, 2, 16, generator=gen).to(dtype) for n in (12, 16, 16))
-    params = [1 + 0.1 * torch.randn(32, generator=gen) for _ in range(3)]
+    qo, ko = torch.tensor([0, 5, 5, 12], device=DEVICE), torch.tensor([0, 8, 11, 16], device=DEVICE)
+    q, k, v = (torch.randn(n, 2, 16, generator=gen).to(DEVICE, dtype) for n in (12, 16, 16))
+    params = [(1 + 0.1 * torch.randn(32, generator=gen)).to(DEVICE) for _ in range(3)]
     return q, k, v, qo, ko, params
 
 
@@ -55,14 +56,18 @@ def _op_cases():
 
 
 CASES = _op_cases()
+# On a GPU the ops run whatever the (empty, test) registry gives: default configs, with a warning.
+pytestmark = pytest.mark.filterwarnings("ignore::helion_kernels.registry.ConfigFallbackWarning")
 
 
+@ON_GPU
 @pytest.mark.parametrize(("name", "op", "args"), CASES, ids=[c[0] for c in CASES])
 def test_opcheck(name, op, args):
     assert op.custom_op._qualname == f"helion_kernels::{op.name}"
     torch.library.opcheck(op.custom_op, args)
 
 
+@pytest.mark.ref_mode
 @pytest.mark.parametrize(("name", "op", "args"), CASES, ids=[c[0] for c in CASES])
 def test_eager_calls_skip_the_dispatcher(name, op, args, monkeypatch):
     """An eager call runs the implementation directly (the dispatcher costs 10-30 us)."""
@@ -115,6 +120,7 @@ def _ops_in_graph(fn, x) -> list[str]:
     return seen
 
 
+@ON_GPU
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit, on importing torch._dynamo
 @pytest.mark.parametrize(("name", "fn", "x"), MODEL_CALLS, ids=[c[0] for c in MODEL_CALLS])
 def test_fullgraph_compile(name, fn, x):
@@ -124,21 +130,24 @@ def test_fullgraph_compile(name, fn, x):
     assert _ops_in_graph(fn, x) == [f"helion_kernels.{op}.default"]
 
 
+@ON_GPU
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_fullgraph_compile_with_inductor():
     """The default backend too, with two ops in one graph (pre-norm GEMM, then a post-norm one)."""
     a, b, *_ = _gemm_inputs(dtype=torch.bfloat16)  # a [9, 24], b [24, 20]
     gen = torch.Generator().manual_seed(7)
-    b2 = (torch.randn(20, 16, generator=gen) / 4).to(torch.bfloat16)
-    w2, bias2 = 1 + 0.1 * torch.randn(16, generator=gen), 0.1 * torch.randn(16, generator=gen)
+    b2 = (torch.randn(20, 16, generator=gen) / 4).to(DEVICE, torch.bfloat16)
+    w2, bias2 = (1 + 0.1 * torch.randn(16, generator=gen)).to(DEVICE), (0.1 * torch.randn(16, generator=gen)).to(DEVICE)
 
-    def block(x):
-        return hk.matmul_layernorm(hk.rmsnorm_matmul(x, b), b2, w2, bias2)
+    def block(x, fused):
+        return hk.matmul_layernorm(hk.rmsnorm_matmul(x, b), b2, w2, bias2, fused=fused)
 
-    torch._dynamo.reset()
-    torch.testing.assert_close(torch.compile(block, fullgraph=True)(a), block(a))
+    for fused in (None, False):  # unfused: cuBLAS + the inductor-compiled norm inside the op
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(block, fullgraph=True)(a, fused), block(a, fused))
 
 
+@pytest.mark.ref_mode
 def test_validation_runs_while_tracing():
     """Bad input is refused while Dynamo traces, as in eager (the checks read only metadata)."""
     a, b, *_ = _gemm_inputs()
@@ -154,6 +163,7 @@ def _modules_after(statement: str) -> list[str]:
     return eval(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
 
 
+@pytest.mark.ref_mode
 def test_import_does_not_import_helion():
     """``import helion_kernels`` leaves Helion (seconds to import), Triton and pandas to the
     first call that needs them; the CLI's module (``--help``) needs pandas, not Helion."""
