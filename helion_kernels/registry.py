@@ -43,6 +43,7 @@ neither Helion nor the kernels: configs stay JSON dicts here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -134,9 +135,15 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def gpu_key(device: torch.device | str | int | None = None) -> str:
     """Registry folder name of a device: ``nvidia_h200_sm90``; ``cpu`` for the CPU."""
-    device = torch.device("cuda" if device is None else device)
+    return _gpu_key(torch.device("cuda" if device is None else device))
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_key(device: torch.device) -> str:  # asked on every call: the CUDA queries are cached
     if device.type != "cuda":
         return device.type
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     name = torch.cuda.get_device_name(device)
     major, minor = torch.cuda.get_device_capability(device)
     slug = re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")

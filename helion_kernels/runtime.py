@@ -34,12 +34,14 @@ class LazyModule(types.ModuleType):
         super().__init__(name)
         self._module: types.ModuleType | None = None
 
-    def __getattr__(self, attr: str) -> Any:
+    def __getattr__(self, attr: str) -> Any:  # only for attributes not yet copied here
         if attr.startswith("__"):
             raise AttributeError(attr)
         if self._module is None:
             self._module = importlib.import_module(self.__name__)
-        return getattr(self._module, attr)
+        value = getattr(self._module, attr)
+        setattr(self, attr, value)  # later lookups are plain attribute reads
+        return value
 
 
 def interpret_mode() -> str | None:
@@ -113,14 +115,20 @@ def resolved_config(spec: KernelSpec, args: tuple) -> Resolved:
 
 
 def reference_mode(kernel) -> bool:
-    """Whether ``kernel`` runs in Helion's reference mode (eager, configs ignored); if so,
-    torch's CPU build gets the dot kernels that mode needs (:mod:`.kernels.cpu_reference_mode`)."""
-    from helion.runtime.ref_mode import is_ref_mode_enabled
+    """Whether ``kernel`` runs in Helion's reference mode (eager, configs ignored; fixed when
+    the kernel is defined, so asked once per kernel); if so, torch's CPU build gets the dot
+    kernels that mode needs (:mod:`.kernels.cpu_reference_mode`)."""
+    found = _REFERENCE_MODE.get(kernel)
+    if found is None:
+        from helion.runtime.ref_mode import is_ref_mode_enabled  # Helion is imported by now
 
-    if is_ref_mode_enabled(kernel.settings):
-        cpu_reference_mode.install()
-        return True
-    return False
+        found = _REFERENCE_MODE[kernel] = is_ref_mode_enabled(kernel.settings)
+        if found:
+            cpu_reference_mode.install()
+    return found
+
+
+_REFERENCE_MODE: dict[Any, bool] = {}
 
 
 def launch(spec: KernelSpec, args: tuple):

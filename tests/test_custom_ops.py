@@ -75,7 +75,10 @@ def test_eager_calls_skip_the_dispatcher(name, op, args, monkeypatch):
     monkeypatch.setattr(op, "custom_op", lambda *a: pytest.fail("eager call went through the dispatcher"))
     out = op(*args)
     for x, y in zip(out if isinstance(out, tuple) else (out,), expected if isinstance(expected, tuple) else (expected,)):
-        torch.testing.assert_close(x, y)
+        if x is None:  # an optional output not asked for: the op's empty stand-in
+            assert y.numel() == 0
+        else:
+            torch.testing.assert_close(x, y)
 
 
 def _model_calls():

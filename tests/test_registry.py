@@ -169,8 +169,13 @@ def test_shipped_registry_resolves_h200_shapes_exactly(monkeypatch):
 def test_gpu_key(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    assert registry.gpu_key("cuda") == "nvidia_h200_sm90"
-    assert registry.gpu_key("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    registry._gpu_key.cache_clear()  # cached per device: the queries run on every call
+    try:
+        assert registry.gpu_key("cuda") == registry.gpu_key("cuda:0") == "nvidia_h200_sm90"
+        assert registry.gpu_key("cpu") == "cpu"
+    finally:
+        registry._gpu_key.cache_clear()
 
 
 def test_committed_registry_files_are_valid():

@@ -6,6 +6,8 @@ modules declare the same limits to Helion's autotuner; both read them from here.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 # FlashNormAttention holds a sequence's K/V in KV tiles of 16-128 rows: the short-KV regime
@@ -35,8 +37,13 @@ def shared_memory_per_block(device: torch.device | str | None) -> int:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     device = torch.device(device)
     if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).shared_memory_per_block_optin)
+        return _cuda_shared_memory(device if device.index is not None else torch.device("cuda", torch.cuda.current_device()))
     return DEFAULT_SHARED_MEMORY_PER_BLOCK
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_shared_memory(device: torch.device) -> int:  # asked on every full-row call: cached
+    return int(torch.cuda.get_device_properties(device).shared_memory_per_block_optin)
 
 
 def full_row_shared_memory(stages: int, tile_m: int, tile_k: int, npad: int, itemsize: int) -> int:
@@ -64,9 +71,11 @@ def max_full_row_n(dtype: torch.dtype, device: torch.device | str | None = None)
 
     ``smem`` is :func:`shared_memory_per_block` of ``device``.
     """
-    smem = shared_memory_per_block(device)
-    item = dtype.itemsize
+    return _max_full_row_npad(dtype.itemsize, shared_memory_per_block(device))
 
+
+@functools.lru_cache(maxsize=None)
+def _max_full_row_npad(item: int, smem: int) -> int:  # asked on every full-row call: cached
     def need(npad: int) -> int:
         return full_row_shared_memory(1, MIN_TILE_M, MIN_TILE_K, npad, item)
 

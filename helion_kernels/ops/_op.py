@@ -19,16 +19,24 @@ NAMESPACE = "helion_kernels"
 
 class Op:
     """One custom op: ``impl`` registered as ``helion_kernels::<name>`` with ``fake`` as
-    its fake implementation. Calling the object runs ``impl`` directly unless
-    ``torch.compile`` is tracing, in which case it calls the registered op."""
+    its fake implementation. Calling the object runs ``eager`` (default: ``impl``) directly
+    unless ``torch.compile`` is tracing, in which case it calls the registered op. ``eager``
+    may return None for an optional output the caller did not ask for, where the op (whose
+    outputs must be tensors) returns an empty tensor."""
 
-    def __init__(self, name: str, impl: Callable, fake: Callable) -> None:
+    def __init__(self, name: str, impl: Callable, fake: Callable, eager: Callable | None = None) -> None:
         self.name = name
         self.impl = impl
+        self.eager = eager or impl
         self.custom_op = torch.library.custom_op(f"{NAMESPACE}::{name}", impl, mutates_args=())
         self.custom_op.register_fake(fake)
 
     def __call__(self, *args):
         if torch.compiler.is_compiling():
             return self.custom_op(*args)
-        return self.impl(*args)
+        return self.eager(*args)
+
+
+def filled(like: torch.Tensor, outputs: tuple) -> tuple:
+    """``outputs`` with each None (an optional output not asked for) as an empty fp32 tensor."""
+    return tuple(like.new_empty(0, dtype=torch.float32) if t is None else t for t in outputs)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from .. import checks, runtime
 from ..kernels.limits import check_full_row_n, max_full_row_n
-from ._op import Op
+from ._op import Op, filled
 
 _kernels = runtime.LazyModule("helion_kernels.kernels.postnorm_full_row")
 
@@ -106,29 +106,32 @@ def _operands(a, b, *params) -> tuple:
     return (a.contiguous(), b.contiguous(), *(None if p is None else p.contiguous() for p in params))
 
 
-def _no_stats(a: torch.Tensor) -> torch.Tensor:
-    return a.new_empty(0, dtype=torch.float32)
-
-
-def _matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None,
-                      bias: torch.Tensor | None, eps: float, return_stats: bool,
-                      fused: bool | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused) -> tuple:
+    """(y, mean, rstd); mean and rstd are None unless ``return_stats``."""
     spec = _kernels.SPEC_LAYERNORM
     m, n = a.shape[0], b.shape[1]
     args = (*_operands(a, b, weight, bias), eps)
     if m == 0 or n == 0:
         use_fused(spec, args, fused if fused is not None else False)  # fused=True past the limit raises
+        if not return_stats:
+            return a.new_empty(m, n), None, None
         stats = torch.full((2, m), float("nan"), dtype=torch.float32, device=a.device)  # over no columns
         return a.new_empty(m, n), stats[0].clone(), stats[1].clone()
     if use_fused(spec, args, fused):
         y, mean, rstd = runtime.launch(spec, args)
-        return (y, mean, rstd) if return_stats else (y, _no_stats(a), _no_stats(a))
+        return (y, mean, rstd) if return_stats else (y, None, None)
     if not return_stats:
         c = torch.mm(a, b)
-        return _unfused_norm(_layer_norm, c, _like(weight, c), _like(bias, c), eps), _no_stats(a), _no_stats(a)
+        return _unfused_norm(_layer_norm, c, _like(weight, c), _like(bias, c), eps), None, None
     # Statistics for a backward: from the fp32 product, as the fused kernel takes them.
     y, mean, rstd = _unfused_norm(_layer_norm_stats, _mm_fp32(a, b), weight, bias, eps)
     return y.to(a.dtype), mean, rstd
+
+
+def _matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None,
+                      bias: torch.Tensor | None, eps: float, return_stats: bool,
+                      fused: bool | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return filled(a, _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused))
 
 
 def _matmul_layernorm_fake(a, b, weight, bias, eps, return_stats, fused):
@@ -137,22 +140,28 @@ def _matmul_layernorm_fake(a, b, weight, bias, eps, return_stats, fused):
             a.new_empty(rows, dtype=torch.float32))
 
 
-def _matmul_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None, eps: float,
-                    return_rstd: bool, fused: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused) -> tuple:
+    """(y, rstd); rstd is None unless ``return_rstd``."""
     spec = _kernels.SPEC_RMSNORM
     m, n = a.shape[0], b.shape[1]
     args = (*_operands(a, b, weight), eps)
     if m == 0 or n == 0:
         use_fused(spec, args, fused if fused is not None else False)
-        return a.new_empty(m, n), torch.full((m,), float("nan"), dtype=torch.float32, device=a.device)
+        rstd = torch.full((m,), float("nan"), dtype=torch.float32, device=a.device)  # over no columns
+        return a.new_empty(m, n), rstd if return_rstd else None
     if use_fused(spec, args, fused):
         y, rstd = runtime.launch(spec, args)
-        return (y, rstd) if return_rstd else (y, _no_stats(a))
+        return (y, rstd) if return_rstd else (y, None)
     if not return_rstd:
         c = torch.mm(a, b)
-        return _unfused_norm(_rms_norm, c, _like(weight, c), eps), _no_stats(a)
+        return _unfused_norm(_rms_norm, c, _like(weight, c), eps), None
     y, rstd = _unfused_norm(_rms_norm_stats, _mm_fp32(a, b), weight, eps)
     return y.to(a.dtype), rstd
+
+
+def _matmul_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None, eps: float,
+                    return_rstd: bool, fused: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return filled(a, _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused))
 
 
 def _matmul_rmsnorm_fake(a, b, weight, eps, return_rstd, fused):
@@ -160,8 +169,8 @@ def _matmul_rmsnorm_fake(a, b, weight, eps, return_rstd, fused):
     return a.new_empty(a.shape[0], b.shape[1]), a.new_empty(rows, dtype=torch.float32)
 
 
-_LAYERNORM = Op("matmul_layernorm", _matmul_layernorm, _matmul_layernorm_fake)
-_RMSNORM = Op("matmul_rmsnorm", _matmul_rmsnorm, _matmul_rmsnorm_fake)
+_LAYERNORM = Op("matmul_layernorm", _matmul_layernorm, _matmul_layernorm_fake, eager=_matmul_layernorm_eager)
+_RMSNORM = Op("matmul_rmsnorm", _matmul_rmsnorm, _matmul_rmsnorm_fake, eager=_matmul_rmsnorm_eager)
 
 
 def matmul_layernorm(
