@@ -1,0 +1,205 @@
+"""Write ``bench/results/README.md`` and the README's headline block from the committed CSVs.
+
+No result number is copied by hand: every table and range in ``bench/results/README.md``,
+and the per-technique headlines between the ``<!-- results:begin -->`` and
+``<!-- results:end -->`` markers of the top-level ``README.md``, are computed here from the
+CSV files under ``bench/results/<gpu>/`` (the provenance lines come from each file's
+``.md``). Run it after committing new results:
+
+    python bench/results_readme.py          # rewrite both
+    python bench/results_readme.py --check  # exit 1 if either is out of date (a test runs this)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+# Columns a results table does not show (inputs of the row, or what other columns say better).
+HIDDEN = {"dtype", "helion_matmul_config", "byte_floor_ms", "flop_floor_ms", "batch", "D", "seq_len_kv",
+          "fill", "seed"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Headline:
+    """One technique's line: ``text`` with ``{name}`` fields filled by ``ranges`` (name ->
+    (csv stems, column, row filter or None)), each rendered as min-max over the rows."""
+
+    technique: str
+    stems: tuple[str, ...]
+    text: str
+    ranges: dict
+
+
+HEADLINES = [
+    Headline(
+        "Deferred pre-norm (`rmsnorm_matmul`)", ("rmsnorm_matmul_prenorm_rmsnorm_M_65536",),
+        "{speedup}x the speed of cuBLAS + the best standalone norm (inductor or Liger); {saved}% of the "
+        "inductor norm's time saved against cuBLAS + inductor; {vs_cublas}x cuBLAS's plain GEMM time "
+        "({rows} rows, M = 65536)",
+        {"speedup": "speedup_vs_best_unfused", "saved": "saved_vs_cublas_inductor_pct", "vs_cublas": "vs_cublas_mm"}),
+    Headline(
+        "Full-row post-norm (`matmul_layernorm`, `matmul_rmsnorm`)",
+        ("matmul_layernorm_postnorm_fullrow_M_65536", "matmul_layernorm_postnorm_fullrow_M_262144",
+         "matmul_rmsnorm_postnorm_fullrow_M_65536", "matmul_rmsnorm_postnorm_fullrow_M_262144"),
+        "as dispatched (fused or cuBLAS + inductor norm, per the registry), {dispatched}x the speed of the best "
+        "unfused pipeline; the fused kernel at N <= 128: {small}x, {saved_small}% of the inductor norm's time "
+        "saved ({rows} rows, both norms, M = 65536 and 262144)",
+        {"dispatched": "dispatched_speedup_vs_best_unfused", "small": ("speedup_vs_best_unfused", "N <= 128"),
+         "saved_small": ("saved_vs_cublas_inductor_pct", "N <= 128")}),
+    Headline(
+        "Split-N post-norm, row sweep (`matmul_layernorm_split_n`, `matmul_rmsnorm_split_n`)",
+        ("matmul_layernorm_split_n_postnorm_split_n", "matmul_rmsnorm_split_n_postnorm_split_n"),
+        "{speedup}x the speed of cuBLAS + the best standalone norm (below 1: slower; {rows} rows, both norms, "
+        "M = 262144, N up to 4096)",
+        {"speedup": "speedup_vs_best_unfused"}),
+    Headline(
+        "Norm deferred into the next GEMM (`matmul_rmsnorm_matmul`)", ("matmul_rmsnorm_matmul_postnorm_split_n",),
+        "{speedup}x the speed of cuBLAS -> best standalone RMSNorm -> cuBLAS; {saved}% of the inductor norm's "
+        "time saved ({rows} rows, M = 262144)",
+        {"speedup": "speedup_vs_best_unfused", "saved": "saved_vs_inductor_pct"}),
+    Headline(
+        "FlashNormAttention (`flash_norm_attention`)", ("flash_norm_attention_flash_norm_attention",),
+        "{compiled}x the speed of the unfused block under torch.compile, {gdpa}x that of this package's "
+        "`gdpa` between eager norms ({rows} rows: batch 768, H 2-8, D 128, max Q 256-3000, KV 128)",
+        {"compiled": "speedup_vs_compiled", "gdpa": "speedup_vs_gdpa+eager_norms"}),
+]
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 10 else f"{value:.2f}"
+
+
+def _range(values: pd.Series) -> str:
+    lo, hi = values.min(), values.max()
+    return _fmt(lo) if _fmt(lo) == _fmt(hi) else f"{_fmt(lo)} to {_fmt(hi)}"
+
+
+def headline(h: Headline, gpu: str) -> str:
+    frames = [pd.read_csv(RESULTS / gpu / f"{stem}.csv") for stem in h.stems]
+    df = pd.concat(frames, ignore_index=True)
+    fields = {"rows": len(df)}
+    for name, spec in h.ranges.items():
+        column, query = spec if isinstance(spec, tuple) else (spec, None)
+        fields[name] = _range((df.query(query) if query else df)[column])
+    files = ", ".join(f"`{gpu}/{stem}.md`" for stem in h.stems)
+    return f"- **{h.technique}**: {h.text.format(**fields)}. Files: {files}."
+
+
+def _provenance(md: Path) -> list[str]:
+    """The ``- `` lines of a result file's header (command, date, versions, timing, ...)."""
+    if not md.is_file():
+        return []
+    lines = []
+    for line in md.read_text().splitlines()[1:]:
+        if line.startswith("|"):
+            break
+        if line.startswith("- "):
+            lines.append(line)
+    return lines
+
+
+def _table(csv: Path) -> str:
+    df = pd.read_csv(csv)
+    shown = df[[c for c in df.columns if c not in HIDDEN]].copy()
+    for col in shown.select_dtypes("float").columns:
+        shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{v:.4g}")
+    # Long failure messages would swamp the table.
+    shown = shown.map(lambda v: v[:57] + "..." if isinstance(v, str) and len(v) > 60 else v)
+    return shown.to_markdown(index=False)
+
+
+def _fused_ms(df: pd.DataFrame) -> str:
+    """The fused op's latency column: the first ``*_ms`` column of a result file."""
+    return next(c for c in df.columns if c.endswith("_ms"))
+
+
+def _against_committed(check: Path, gpu_dir: Path) -> str:
+    """A spot check's fused latency next to the committed full-table run of the same rows."""
+    full = [p for p in gpu_dir.glob("*.csv") if check.stem.startswith(p.stem + "_")]
+    if not full:
+        return "(no committed full-table file to compare with)"
+    source = max(full, key=lambda p: len(p.stem))
+    now, then = pd.read_csv(check), pd.read_csv(source)
+    keys = [c for c in ("M", "K", "N", "N2", "H", "max_seq_len_q") if c in now.columns and c in then.columns]
+    both = now[keys + [_fused_ms(now)]].rename(columns={_fused_ms(now): "now"}).merge(
+        then[keys + [_fused_ms(then)]].rename(columns={_fused_ms(then): "then"}), on=keys)
+    return " ".join(
+        f"Against the committed `{source.stem}` at {'x'.join(str(r[k]) for k in keys)}: {r['now']:.4g} ms now, "
+        f"{r['then']:.4g} ms then ({r['now'] / r['then']:.3f}x)." for r in both.to_dict("records"))
+
+
+def results_readme(gpus: list[str]) -> str:
+    out = ["# Results", "",
+           "Generated by `python bench/results_readme.py` from the CSV files beside this one; do not edit by "
+           "hand. Each section is one result file: its provenance (the command that made it, date, versions, "
+           "how it was timed), its table and, where there is one, its plot. Columns: `*_ms` latencies "
+           "(median, CUDA-graph replay unless the file says otherwise); `speedup_vs_*` = alternative / fused "
+           "(above 1: the fused kernel is faster); `saved_vs_*_pct` = (t_gemm + t_norm - t_fused) / t_norm, "
+           "the blog's metric (100: the norm is free); `vs_cublas_mm` = fused / cuBLAS GEMM; "
+           "`fused_over_floor` = fused / max(byte floor, FLOP floor) at the ceilings measured in the same run; "
+           "`config` = where the config came from (exact, nearest, default); `check` = the fp32 reference "
+           "check and bit-identical reruns.", ""]
+    for gpu in gpus:
+        out += [f"## {gpu}", "", "Headlines:", ""]
+        out += [headline(h, gpu) for h in HEADLINES]
+        out.append("")
+        for folder, title in ((RESULTS / gpu, "Shipped ops"), (RESULTS / gpu / "variants", "Measured, not shipped"),
+                              (RESULTS / gpu / "checks", "Spot checks: one row per op, re-measured after a change")):
+            csvs = sorted(folder.glob("*.csv"))
+            if not csvs:
+                continue
+            out += [f"### {title}", ""]
+            for csv in csvs:
+                rel = csv.relative_to(RESULTS)
+                out += [f"#### `{rel.with_suffix('')}`", ""] + _provenance(csv.with_suffix(".md")) + [""]
+                out += [_table(csv), ""]
+                if folder.name == "checks":
+                    out += [_against_committed(csv, RESULTS / gpu), ""]
+                if csv.with_suffix(".png").is_file():
+                    out += [f"![{csv.stem}]({rel.with_suffix('.png')})", ""]
+    return "\n".join(out)
+
+
+def readme_block(gpus: list[str]) -> str:
+    lines = [BEGIN, "<!-- generated by bench/results_readme.py from bench/results/*/*.csv -->"]
+    for gpu in gpus:
+        lines += [f"Measured on {gpu} (bf16; details, every table and plot: `bench/results/README.md`):", ""]
+        lines += [headline(h, gpu) for h in HEADLINES]
+    return "\n".join(lines + [END])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--check", action="store_true", help="exit 1 if a generated file is out of date")
+    args = p.parse_args()
+    gpus = sorted(d.name for d in RESULTS.iterdir() if d.is_dir())
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        print(f"{readme}: no {BEGIN} ... {END} block", file=sys.stderr)
+        return 1
+    head, rest = text.split(BEGIN, 1)
+    new_readme = head + readme_block(gpus) + rest.split(END, 1)[1]
+    outputs = {RESULTS / "README.md": results_readme(gpus) + "\n", readme: new_readme}
+    stale = [path for path, content in outputs.items() if not path.is_file() or path.read_text() != content]
+    if args.check:
+        for path in stale:
+            print(f"{path} is out of date: run python bench/results_readme.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path in stale:
+        path.write_text(outputs[path])
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
