@@ -47,12 +47,14 @@ def check_outputs(
     outputs: torch.Tensor | tuple | list,
     reference: torch.Tensor | tuple | list,
     dtype: torch.dtype,
+    tolerance: float | None = None,
 ) -> float:
     """Compare every output with its reference; return the largest relative error.
 
     Each pair must have the same shape, ``outputs`` must be finite everywhere (NaN never
     passes), and every element must satisfy ``|out - ref| <= tol * (|ref| + rms(ref))``
-    with ``tol = TOLERANCE[dtype]``: scale-free, and one wrong element fails.
+    with ``tol = tolerance`` or, by default, ``TOLERANCE[dtype]``: scale-free, and one wrong
+    element fails.
 
     Raises:
         VerificationError: with the worst element's index and values.
@@ -61,7 +63,7 @@ def check_outputs(
     refs = reference if isinstance(reference, (tuple, list)) else (reference,)
     if len(outs) != len(refs):
         raise VerificationError(f"{len(outs)} outputs but {len(refs)} reference outputs")
-    tol = TOLERANCE[dtype]
+    tol = TOLERANCE[dtype] if tolerance is None else tolerance
     worst = 0.0
     for i, (out, ref) in enumerate(zip(outs, refs)):
         if tuple(out.shape) != tuple(ref.shape):

@@ -70,10 +70,10 @@ class TestGemmOperands:
         with pytest.raises(ValueError, match="need CUDA tensors, got cpu"):
             op(*_ab())
 
-    def test_requires_grad(self, op):
+    def test_requires_grad_validated_first(self, op):
         a, b = _ab()
-        with pytest.raises(NotImplementedError, match="no backward yet"):
-            op(a.requires_grad_(), b)
+        with pytest.raises(ValueError, match="mismatched K"):
+            op(a.requires_grad_(), b[:15])
 
     def test_empty_m_returns_empty_without_launch(self, op):
         out = op(torch.empty(0, 16, dtype=torch.bfloat16), torch.randn(16, 4, dtype=torch.bfloat16))

@@ -237,10 +237,13 @@ def test_param_not_float(op, param, bad_dtype, fused):
 @pytest.mark.usefixtures("no_work")
 @FUSED
 @pytest.mark.parametrize(("op", "which"), [(LN, "a"), (LN, "b"), (RMS, "a"), (RMS, "b"), *OP_PARAMS])
-def test_requires_grad(op, which, fused):
+def test_bad_input_that_requires_grad_fails_before_launch(op, which, fused):
+    """Training calls (inputs requiring grad go through the custom op and its autograd) are
+    validated first too."""
     kw = _inputs(op, Shape(8, 16, 24), torch.float32, "cpu", 0)
     kw[which].requires_grad_()
-    with pytest.raises(NotImplementedError, match=f"{op} has no backward yet"):
+    kw["b"] = kw["b"][:15].detach().requires_grad_(which == "b")
+    with pytest.raises(ValueError, match=f"{op}: mismatched K"):
         _call(op, kw, fused=fused)
 
 

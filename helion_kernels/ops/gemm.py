@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import checks, runtime
+from ._grad import matmul_grads
 from ._op import Op
 
 _kernels = runtime.LazyModule("helion_kernels.kernels.matmul")
@@ -20,7 +21,16 @@ def _matmul_fake(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.new_empty(a.shape[0], b.shape[1])
 
 
-_OP = Op("matmul", _matmul, _matmul_fake)
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _backward(ctx, dc):
+    a, b = ctx.saved_tensors
+    return matmul_grads(a, b, dc, *ctx.needs_input_grad[:2])
+
+
+_OP = Op("matmul", _matmul, _matmul_fake, backward=_backward, setup_context=_setup_context)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -32,14 +42,13 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
     Returns:
         [M, N] in the input dtype; fp32 accumulation (fp32 inputs use TF32 tensor cores).
+        Differentiable in ``a`` and ``b`` (the backward runs two cuBLAS GEMMs).
 
     Raises:
         TypeError: non-tensor input, unsupported or mismatched dtypes.
         ValueError: not 2-D, mismatched K, K = 0, CPU tensors outside interpret modes,
             tensors on different devices.
-        NotImplementedError: an input requires grad (no backward yet).
     """
     checks.gemm_operands("matmul", a, b)
     runtime.check_runnable("matmul", a.device)
-    checks.no_grad("matmul", a, b)
     return _OP(a, b)

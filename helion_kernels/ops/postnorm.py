@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from .. import checks, runtime
 from ..kernels.limits import check_full_row_n, max_full_row_n
-from ._op import Op, filled
+from ._grad import mm_fp32, postnorm_grads
+from ._op import Op, filled, records_grad
 
 _kernels = runtime.LazyModule("helion_kernels.kernels.postnorm_full_row")
 
@@ -90,13 +91,6 @@ def _unfused_norm(fn, x: torch.Tensor, *params):
     return (_inductor(fn) if x.is_cuda else fn)(x, *params)
 
 
-def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b`` accumulated and returned in fp32 (torch's CPU build has no ``out_dtype``)."""
-    if a.is_cuda and a.dtype != torch.float32:
-        return torch.mm(a, b, out_dtype=torch.float32)
-    return a.float() @ b.float()
-
-
 def _like(param: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
     """An affine parameter in the activation dtype, as torch's standalone norms expect."""
     return None if param is None else param.to(x.dtype)
@@ -124,7 +118,7 @@ def _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused) -> tup
         c = torch.mm(a, b)
         return _unfused_norm(_layer_norm, c, _like(weight, c), _like(bias, c), eps), None, None
     # Statistics for a backward: from the fp32 product, as the fused kernel takes them.
-    y, mean, rstd = _unfused_norm(_layer_norm_stats, _mm_fp32(a, b), weight, bias, eps)
+    y, mean, rstd = _unfused_norm(_layer_norm_stats, mm_fp32(a, b), weight, bias, eps)
     return y.to(a.dtype), mean, rstd
 
 
@@ -155,7 +149,7 @@ def _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused) -> tuple:
     if not return_rstd:
         c = torch.mm(a, b)
         return _unfused_norm(_rms_norm, c, _like(weight, c), eps), None
-    y, rstd = _unfused_norm(_rms_norm_stats, _mm_fp32(a, b), weight, eps)
+    y, rstd = _unfused_norm(_rms_norm_stats, mm_fp32(a, b), weight, eps)
     return y.to(a.dtype), rstd
 
 
@@ -169,8 +163,41 @@ def _matmul_rmsnorm_fake(a, b, weight, eps, return_rstd, fused):
     return a.new_empty(a.shape[0], b.shape[1]), a.new_empty(rows, dtype=torch.float32)
 
 
-_LAYERNORM = Op("matmul_layernorm", _matmul_layernorm, _matmul_layernorm_fake, eager=_matmul_layernorm_eager)
-_RMSNORM = Op("matmul_rmsnorm", _matmul_rmsnorm, _matmul_rmsnorm_fake, eager=_matmul_rmsnorm_eager)
+# Autograd (shared with the split-N ops, whose outputs and statistics are the same): the
+# forward saves a, b, the affine parameters and the fp32 statistics; the backward recomputes
+# a @ b (see ._grad for why). The statistics outputs are not differentiable.
+
+
+def setup_layernorm(ctx, inputs, output):
+    a, b, weight, bias = inputs[:4]
+    y, mean, rstd = output
+    ctx.save_for_backward(a, b, weight, bias, mean, rstd)
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def backward_layernorm(ctx, dy, _dmean, _drstd):
+    a, b, weight, bias, mean, rstd = ctx.saved_tensors
+    grads = postnorm_grads("layernorm", a, b, weight, bias, mean, rstd, dy, ctx.needs_input_grad[:4])
+    return (*grads, *(None,) * (len(ctx.needs_input_grad) - 4))
+
+
+def setup_rmsnorm(ctx, inputs, output):
+    a, b, weight = inputs[:3]
+    ctx.save_for_backward(a, b, weight, output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def backward_rmsnorm(ctx, dy, _drstd):
+    a, b, weight, rstd = ctx.saved_tensors
+    needs = (*ctx.needs_input_grad[:3], False)
+    da, db, dweight, _ = postnorm_grads("rmsnorm", a, b, weight, None, None, rstd, dy, needs)
+    return (da, db, dweight, *(None,) * (len(ctx.needs_input_grad) - 3))
+
+
+_LAYERNORM = Op("matmul_layernorm", _matmul_layernorm, _matmul_layernorm_fake, eager=_matmul_layernorm_eager,
+                backward=backward_layernorm, setup_context=setup_layernorm)
+_RMSNORM = Op("matmul_rmsnorm", _matmul_rmsnorm, _matmul_rmsnorm_fake, eager=_matmul_rmsnorm_eager,
+              backward=backward_rmsnorm, setup_context=setup_rmsnorm)
 
 
 def matmul_layernorm(
@@ -204,7 +231,9 @@ def matmul_layernorm(
 
     Returns:
         ``y`` [M, N] in the input dtype (fp32 accumulation and statistics), or
-        ``(y, mean, rstd)`` with ``return_stats=True``.
+        ``(y, mean, rstd)`` with ``return_stats=True``. Differentiable in ``a``, ``b``,
+        ``weight`` and ``bias`` (the statistics are not); the backward (:mod:`._grad`) saves
+        the inputs and the fp32 statistics and recomputes ``a @ b``.
 
     Raises:
         TypeError: non-tensor input, unsupported or mismatched dtypes, ``fused`` not a bool
@@ -213,15 +242,14 @@ def matmul_layernorm(
             eps, CPU tensors outside interpret modes, tensors on different devices, or
             ``fused=True`` with N past the full-row limit (the error names the split-N
             strategy; raised at launch, before the kernel runs).
-        NotImplementedError: an input requires grad (no backward yet).
     """
     op = "matmul_layernorm"
     checks.gemm_operands(op, a, b)
     eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight, bias=bias)
     checks.fused_flag(fused)
     runtime.check_runnable(op, a.device)
-    checks.no_grad(op, a, b, weight, bias)
-    y, mean, rstd = _LAYERNORM(a, b, weight, bias, eps, return_stats, fused)
+    stats = return_stats or records_grad(a, b, weight, bias)  # the backward needs them
+    y, mean, rstd = _LAYERNORM(a, b, weight, bias, eps, stats, fused)
     return (y, mean, rstd) if return_stats else y
 
 
@@ -251,14 +279,16 @@ def matmul_rmsnorm(
     Returns:
         ``y`` [M, N] in the input dtype, or ``(y, rstd)`` with ``return_rstd=True``.
 
+    Differentiable in ``a``, ``b`` and ``weight``, as :func:`matmul_layernorm`.
+
     Raises:
-        TypeError, ValueError, NotImplementedError: as :func:`matmul_layernorm`.
+        TypeError, ValueError: as :func:`matmul_layernorm`.
     """
     op = "matmul_rmsnorm"
     checks.gemm_operands(op, a, b)
     eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight)
     checks.fused_flag(fused)
     runtime.check_runnable(op, a.device)
-    checks.no_grad(op, a, b, weight)
-    y, rstd = _RMSNORM(a, b, weight, eps, return_rstd, fused)
+    stats = return_rstd or records_grad(a, b, weight)  # the backward needs rstd
+    y, rstd = _RMSNORM(a, b, weight, eps, stats, fused)
     return (y, rstd) if return_rstd else y

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .. import checks, runtime
+from ._grad import rmsnorm_matmul_grads
 from ._op import Op
 
 _kernels = runtime.LazyModule("helion_kernels.kernels.rmsnorm_matmul")
@@ -60,7 +61,19 @@ def _rmsnorm_matmul_fake(a, b, eps):
     return a.new_empty(a.shape[0], b.shape[1]), a.new_empty(a.shape[0], dtype=torch.float32)
 
 
-_OP = Op("rmsnorm_matmul", _rmsnorm_matmul, _rmsnorm_matmul_fake)
+def _setup_context(ctx, inputs, output):
+    a, b, _ = inputs
+    ctx.save_for_backward(a, b, output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward(ctx, dc, _drstd):
+    a, b, rstd = ctx.saved_tensors
+    return (*rmsnorm_matmul_grads(a, b, rstd, dc, *ctx.needs_input_grad[:2]), None)
+
+
+_OP = Op("rmsnorm_matmul", _rmsnorm_matmul, _rmsnorm_matmul_fake, backward=_backward,
+         setup_context=_setup_context)
 
 
 def rmsnorm_matmul(
@@ -92,19 +105,19 @@ def rmsnorm_matmul(
 
     Returns:
         ``c`` [M, N] in the input dtype (fp32 accumulation and statistics), or
-        ``(c, rstd)`` with ``return_rstd=True``.
+        ``(c, rstd)`` with ``return_rstd=True``. Differentiable in ``a``, ``b`` and
+        ``weight`` (``rstd`` is not); the backward (:mod:`._grad`) saves ``a``, ``b`` and the
+        fp32 ``rstd`` and rebuilds the normalised ``a`` on the fly.
 
     Raises:
         TypeError: non-tensor input, unsupported or mismatched dtypes.
         ValueError: not 2-D, mismatched K, K = 0, weight not of shape [K], negative eps,
             CPU tensors outside interpret modes, tensors on different devices.
-        NotImplementedError: an input requires grad (no backward yet).
     """
     op = "rmsnorm_matmul"
     checks.gemm_operands(op, a, b)
     eps = checks.norm_params(op, a, a.shape[1], eps, dim="K", weight=weight)  # the norm is over K
     runtime.check_runnable(op, a.device)
-    checks.no_grad(op, a, b, weight)
     if weight is not None:
         b = fold_rmsnorm_weight(weight, b)
     c, rstd = _OP(a, b, eps)

@@ -16,7 +16,9 @@ import torch
 
 from .. import checks, registry, runtime
 from ..spec import Shape
+from ._grad import deferred_grads
 from ._op import Op
+from .postnorm import backward_layernorm, backward_rmsnorm, setup_layernorm, setup_rmsnorm
 from .prenorm import fold_rmsnorm_weight
 
 _row_sweep = runtime.LazyModule("helion_kernels.kernels.postnorm_split_n")
@@ -56,8 +58,11 @@ def _rmsnorm_split_n_fake(a, b, weight, eps):
     return a.new_empty(a.shape[0], b.shape[1]), a.new_empty(a.shape[0], dtype=torch.float32)
 
 
-_LAYERNORM = Op("matmul_layernorm_split_n", _layernorm_split_n, _layernorm_split_n_fake)
-_RMSNORM = Op("matmul_rmsnorm_split_n", _rmsnorm_split_n, _rmsnorm_split_n_fake)
+# The same outputs and statistics as the full-row ops, so the same backward.
+_LAYERNORM = Op("matmul_layernorm_split_n", _layernorm_split_n, _layernorm_split_n_fake,
+                backward=backward_layernorm, setup_context=setup_layernorm)
+_RMSNORM = Op("matmul_rmsnorm_split_n", _rmsnorm_split_n, _rmsnorm_split_n_fake,
+              backward=backward_rmsnorm, setup_context=setup_rmsnorm)
 
 
 def matmul_layernorm_split_n(
@@ -81,8 +86,8 @@ def matmul_layernorm_split_n(
     without a registry entry for your GPU it runs a conservative default config (with a
     warning).
 
-    Args, returns and errors: as :func:`~helion_kernels.matmul_layernorm`, without ``fused``
-    and without an N limit. The un-normalised tile is stored in the input dtype between the
+    Args, returns, gradients and errors: as :func:`~helion_kernels.matmul_layernorm`, without
+    ``fused`` and without an N limit. The un-normalised tile is stored in the input dtype between the
     two sweeps (centred on its tile mean), so with fp16 inputs a deviation past 65504
     overflows, as in cuBLAS + a standalone norm; the full-row kernel keeps it in fp32.
     """
@@ -90,7 +95,6 @@ def matmul_layernorm_split_n(
     checks.gemm_operands(op, a, b)
     eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight, bias=bias)
     runtime.check_runnable(op, a.device)
-    checks.no_grad(op, a, b, weight, bias)
     y, mean, rstd = _LAYERNORM(a, b, weight, bias, eps)
     return (y, mean, rstd) if return_stats else y
 
@@ -108,14 +112,13 @@ def matmul_rmsnorm_split_n(
     The RMSNorm twin of :func:`matmul_layernorm_split_n` (same technique and kernel design,
     same caveats: on the H200 from break-even at K = N = 512 to 1.15x slower than cuBLAS + the
     best standalone norm; with fp16 inputs a product past 65504 overflows between the sweeps).
-    Args, returns and errors: as :func:`~helion_kernels.matmul_rmsnorm`, without ``fused``
-    and without an N limit.
+    Args, returns, gradients and errors: as :func:`~helion_kernels.matmul_rmsnorm`, without
+    ``fused`` and without an N limit.
     """
     op = "matmul_rmsnorm_split_n"
     checks.gemm_operands(op, a, b)
     eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight)
     runtime.check_runnable(op, a.device)
-    checks.no_grad(op, a, b, weight)
     y, rstd = _RMSNORM(a, b, weight, eps)
     return (y, rstd) if return_rstd else y
 
@@ -140,7 +143,19 @@ def _rmsnorm_matmul_fake(a, b, c, eps):
     return a.new_empty(a.shape[0], c.shape[1])
 
 
-_DEFERRED = Op("matmul_rmsnorm_matmul", _rmsnorm_matmul, _rmsnorm_matmul_fake)
+def _setup_deferred(ctx, inputs, output):
+    a, b, c, eps = inputs
+    ctx.save_for_backward(a, b, c)
+    ctx.eps = eps
+
+
+def _backward_deferred(ctx, dout):
+    a, b, c = ctx.saved_tensors
+    return (*deferred_grads(a, b, c, ctx.eps, dout, ctx.needs_input_grad[:3]), None)
+
+
+_DEFERRED = Op("matmul_rmsnorm_matmul", _rmsnorm_matmul, _rmsnorm_matmul_fake, backward=_backward_deferred,
+               setup_context=_setup_deferred)
 
 
 def matmul_rmsnorm_matmul(
@@ -172,12 +187,13 @@ def matmul_rmsnorm_matmul(
 
     Returns:
         [M, N2] in the input dtype. ``x`` is stored in the input dtype between the GEMMs (as
-        by cuBLAS + a standalone norm); statistics and accumulation are fp32.
+        by cuBLAS + a standalone norm); statistics and accumulation are fp32. Differentiable
+        in ``a``, ``b``, ``c`` and ``weight``; the backward (:mod:`._grad`) saves the inputs
+        and recomputes ``a @ b`` and its statistics.
 
     Raises:
         TypeError, ValueError: as :func:`~helion_kernels.matmul_rmsnorm`, and for ``c`` not
             [N, N2] in the same dtype and device, or N = 0.
-        NotImplementedError: an input requires grad.
     """
     op = "matmul_rmsnorm_matmul"
     checks.gemm_operands(op, a, b)
@@ -194,7 +210,6 @@ def matmul_rmsnorm_matmul(
     checks.same_device(op, a, c)
     eps = checks.norm_params(op, a, n, eps, weight=weight)
     runtime.check_runnable(op, a.device)
-    checks.no_grad(op, a, b, c, weight)
     if weight is not None:
         c = fold_rmsnorm_weight(weight, c)
     return _DEFERRED(a, b, c, eps)

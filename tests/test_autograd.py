@@ -1,0 +1,257 @@
+"""Backward passes of the GEMM + norm ops: every input and parameter's gradient against
+float64 autograd of the plain PyTorch composition, for every dtype, affine on and off, odd
+shapes; ``gradcheck`` of the backward formulas themselves in float64; ``opcheck`` with
+inputs that require grad; a compiled training step; bit-identical reruns.
+
+On the CPU the kernels run in reference mode; on a CUDA machine the same tests run the
+kernels with whatever the (test) registry gives. Tolerances: :data:`GRAD_TOLERANCE`
+(bf16 5e-2, the authors' backward tolerance)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import helion_kernels as hk
+from helion_kernels.ops import _grad, postnorm, prenorm, split_n
+from helion_kernels.verify import check_outputs
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ON_DEVICE = pytest.mark.cuda if DEVICE == "cuda" else pytest.mark.ref_mode
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+# |grad - ref| <= tol * (|ref| + rms(ref)) elementwise, against a float64 reference.
+GRAD_TOLERANCE = {torch.bfloat16: 5e-2, torch.float16: 1e-2, torch.float32: 5e-3}
+EPS = 1e-5
+
+pytestmark = [ON_DEVICE, pytest.mark.filterwarnings("ignore::helion_kernels.registry.ConfigFallbackWarning")]
+
+
+def _leaves(m, k, n, n2, dtype, seed, affine=True):
+    """a [M, K], b [K, N], c [N, N2] in ``dtype``; fp32 norm parameters (as a model under
+    autocast keeps them); all require grad."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def leaf(t, dt=dtype):
+        return t.to(DEVICE, dt).requires_grad_()
+
+    return {
+        "a": leaf(torch.randn(m, k, generator=gen)),
+        "b": leaf(torch.randn(k, n, generator=gen) / k**0.5),
+        "c": leaf(torch.randn(n, n2, generator=gen) / n**0.5),
+        "w": leaf(1 + 0.2 * torch.randn(n, generator=gen), torch.float32) if affine else None,
+        "bias": leaf(0.2 * torch.randn(n, generator=gen), torch.float32) if affine else None,
+        "wk": leaf(1 + 0.2 * torch.randn(k, generator=gen), torch.float32) if affine else None,
+    }
+
+
+# name -> (the op, the same function in plain PyTorch); both take the leaves dict.
+OPS = {
+    "matmul": (lambda x: hk.matmul(x["a"], x["b"]), lambda x: x["a"] @ x["b"]),
+    "rmsnorm_matmul": (lambda x: hk.rmsnorm_matmul(x["a"], x["b"], x["wk"], EPS),
+                       lambda x: F.rms_norm(x["a"], (x["a"].shape[1],), x["wk"], EPS) @ x["b"]),
+    "matmul_layernorm": (lambda x: hk.matmul_layernorm(x["a"], x["b"], x["w"], x["bias"], EPS),
+                         lambda x: F.layer_norm(x["a"] @ x["b"], (x["b"].shape[1],), x["w"], x["bias"], EPS)),
+    "matmul_layernorm_unfused": (
+        lambda x: hk.matmul_layernorm(x["a"], x["b"], x["w"], x["bias"], EPS, fused=False),
+        lambda x: F.layer_norm(x["a"] @ x["b"], (x["b"].shape[1],), x["w"], x["bias"], EPS)),
+    "matmul_rmsnorm": (lambda x: hk.matmul_rmsnorm(x["a"], x["b"], x["w"], EPS),
+                       lambda x: F.rms_norm(x["a"] @ x["b"], (x["b"].shape[1],), x["w"], EPS)),
+    "matmul_rmsnorm_unfused": (lambda x: hk.matmul_rmsnorm(x["a"], x["b"], x["w"], EPS, fused=False),
+                               lambda x: F.rms_norm(x["a"] @ x["b"], (x["b"].shape[1],), x["w"], EPS)),
+    "matmul_layernorm_split_n": (
+        lambda x: hk.matmul_layernorm_split_n(x["a"], x["b"], x["w"], x["bias"], EPS),
+        lambda x: F.layer_norm(x["a"] @ x["b"], (x["b"].shape[1],), x["w"], x["bias"], EPS)),
+    "matmul_rmsnorm_split_n": (lambda x: hk.matmul_rmsnorm_split_n(x["a"], x["b"], x["w"], EPS),
+                               lambda x: F.rms_norm(x["a"] @ x["b"], (x["b"].shape[1],), x["w"], EPS)),
+    "matmul_rmsnorm_matmul": (
+        lambda x: hk.matmul_rmsnorm_matmul(x["a"], x["b"], x["c"], x["w"], EPS),
+        lambda x: F.rms_norm(x["a"] @ x["b"], (x["b"].shape[1],), x["w"], EPS) @ x["c"]),
+}
+SHAPES = [(1, 48, 96, 40), (33, 100, 20, 12), (64, 64, 128, 64)]  # M = 1; K, N not powers of two
+
+
+def _grads_against_f64(name, leaves, dtype, probe_seed=0):
+    op, ref = OPS[name]
+    out = op(leaves)
+    gen = torch.Generator().manual_seed(probe_seed)
+    probe = torch.randn(out.shape, generator=gen).to(DEVICE)
+    (out.float() * probe).sum().backward()
+    used = {k: v.grad for k, v in leaves.items() if v is not None and v.grad is not None}
+    ref_leaves = {k: (None if v is None else v.detach().double().requires_grad_()) for k, v in leaves.items()}
+    (ref(ref_leaves) * probe.double()).sum().backward()
+    expected = {k: v.grad for k, v in ref_leaves.items() if v is not None and v.grad is not None}
+    assert set(used) == set(expected), (set(used), set(expected))
+    for key in used:
+        try:
+            check_outputs(used[key], expected[key], dtype, tolerance=GRAD_TOLERANCE[dtype])
+        except AssertionError as err:
+            raise AssertionError(f"gradient of {key}: {err}") from None
+        assert used[key].dtype == leaves[key].dtype  # gradients land in the parameter's dtype
+    return used
+
+
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(OPS))
+def test_gradients_match_float64(name, dtype, shape, affine):
+    _grads_against_f64(name, _leaves(*shape, dtype, seed=sum(shape), affine=affine), dtype)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_gradients_with_large_row_means(name):
+    """Rows whose mean is large against their spread (the cancellation case of LayerNorm)."""
+    leaves = _leaves(17, 40, 24, 8, torch.float32, seed=3)
+    with torch.no_grad():
+        leaves["a"][:, 0] = 30.0
+        leaves["b"][0] += 3.0
+    _grads_against_f64(name, leaves, torch.float32)
+
+
+def test_only_requested_gradients_are_computed():
+    leaves = _leaves(8, 16, 24, 8, torch.float32, seed=4)
+    leaves["b"].requires_grad_(False)
+    leaves["bias"].requires_grad_(False)
+    hk.matmul_layernorm(leaves["a"], leaves["b"], leaves["w"], leaves["bias"]).sum().backward()
+    assert leaves["a"].grad is not None and leaves["w"].grad is not None
+    assert leaves["b"].grad is None and leaves["bias"].grad is None
+
+
+def test_statistics_are_not_differentiable():
+    leaves = _leaves(8, 16, 24, 8, torch.float32, seed=5)
+    y, mean, rstd = hk.matmul_layernorm(leaves["a"], leaves["b"], leaves["w"], leaves["bias"], return_stats=True)
+    assert y.requires_grad and not mean.requires_grad and not rstd.requires_grad
+    c, r = hk.rmsnorm_matmul(leaves["a"], leaves["b"][:, :8], return_rstd=True)
+    assert c.requires_grad and not r.requires_grad
+
+
+def test_backward_is_deterministic():
+    """The same inputs give the same gradient bits (fp32 sums over rows, no atomics)."""
+    runs = []
+    for _ in range(2):
+        leaves = _leaves(64, 64, 128, 64, torch.bfloat16, seed=6)
+        hk.matmul_layernorm(leaves["a"], leaves["b"], leaves["w"], leaves["bias"]).float().pow(2).sum().backward()
+        runs.append([leaves[k].grad for k in ("a", "b", "w", "bias")])
+    for x, y in zip(*runs):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("name", ["matmul", "rmsnorm_matmul", "matmul_layernorm", "matmul_rmsnorm_split_n",
+                                  "matmul_rmsnorm_matmul"])
+def test_compiled_training_step(name):
+    """Forward and backward under torch.compile(fullgraph=True) give the eager gradients."""
+    op, _ = OPS[name]
+
+    def step(leaves):
+        loss = op(leaves).float().pow(2).mean()
+        loss.backward()
+        return loss
+
+    eager = _leaves(33, 48, 40, 24, torch.float32, seed=7)
+    step(eager)
+    compiled = _leaves(33, 48, 40, 24, torch.float32, seed=7)
+    torch._dynamo.reset()
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    torch.compile(lambda x: op(x).float().pow(2).mean(), fullgraph=True, backend=backend)(compiled).backward()
+    for key, leaf in eager.items():
+        if leaf is not None and leaf.grad is not None:
+            torch.testing.assert_close(compiled[key].grad, leaf.grad, rtol=1e-4, atol=1e-5, msg=key)
+
+
+def _opcheck_cases():
+    x = _leaves(9, 24, 20, 12, torch.float32, seed=8)
+    a, b, c, w, bias = x["a"], x["b"], x["c"], x["w"], x["bias"]
+    return [
+        ("matmul_layernorm", postnorm._LAYERNORM, (a, b, w, bias, EPS, True, None)),
+        ("matmul_rmsnorm", postnorm._RMSNORM, (a, b, w, EPS, True, False)),
+        ("rmsnorm_matmul", prenorm._OP, (a, b, EPS)),
+        ("matmul_layernorm_split_n", split_n._LAYERNORM, (a, b, w, bias, EPS)),
+        ("matmul_rmsnorm_matmul", split_n._DEFERRED, (a, b, c, EPS)),
+    ]
+
+
+@pytest.mark.parametrize(("name", "op", "args"), _opcheck_cases(), ids=lambda v: v if isinstance(v, str) else "")
+def test_opcheck_with_autograd(name, op, args):
+    torch.library.opcheck(op.custom_op, args)
+
+
+def test_eager_training_calls_go_through_the_op(monkeypatch):
+    """A call autograd records uses the registered op (its backward); one it does not,
+    the direct implementation."""
+    leaves = _leaves(8, 16, 24, 8, torch.float32, seed=9)
+    seen = []
+    real = postnorm._LAYERNORM.custom_op
+    monkeypatch.setattr(postnorm._LAYERNORM, "custom_op", lambda *a: seen.append("op") or real(*a))
+    hk.matmul_layernorm(leaves["a"], leaves["b"], leaves["w"], leaves["bias"])
+    with torch.no_grad():
+        hk.matmul_layernorm(leaves["a"], leaves["b"], leaves["w"], leaves["bias"])
+    assert seen == ["op"]
+
+
+# --- gradcheck of the backward formulas (float64, any machine) ---------------------------
+
+
+class _PostNorm(torch.autograd.Function):
+    """float64 forward of ``norm(a @ b) * w + bias`` with the ops' backward formula."""
+
+    @staticmethod
+    def forward(ctx, kind, a, b, w, bias):
+        cc = a @ b
+        if kind == "layernorm":
+            var, mean = torch.var_mean(cc, dim=1, correction=0)
+            rstd = torch.rsqrt(var + EPS)
+            y = (cc - mean[:, None]) * rstd[:, None]
+        else:
+            mean, rstd = None, torch.rsqrt(cc.pow(2).mean(dim=1) + EPS)
+            y = cc * rstd[:, None]
+        ctx.kind = kind
+        ctx.save_for_backward(a, b, w, bias, mean, rstd)
+        return y * w + (bias if bias is not None else 0)
+
+    @staticmethod
+    def backward(ctx, dy):
+        a, b, w, bias, mean, rstd = ctx.saved_tensors
+        needs = (True, True, True, bias is not None)
+        return (None, *_grad.postnorm_grads(ctx.kind, a, b, w, bias, mean, rstd, dy, needs))
+
+
+class _PreNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        rstd = torch.rsqrt(a.pow(2).mean(dim=1) + EPS)
+        ctx.save_for_backward(a, b, rstd)
+        return (a * rstd[:, None]) @ b
+
+    @staticmethod
+    def backward(ctx, dc):
+        return _grad.rmsnorm_matmul_grads(*ctx.saved_tensors, dc)
+
+
+class _Deferred(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, c):
+        ctx.save_for_backward(a, b, c)
+        return F.rms_norm(a @ b, (b.shape[1],), None, EPS) @ c
+
+    @staticmethod
+    def backward(ctx, dout):
+        return _grad.deferred_grads(*ctx.saved_tensors, EPS, dout, (True, True, True))
+
+
+@pytest.mark.ref_mode  # float64 on the CPU, whatever the session
+def test_gradcheck_backward_formulas():
+    gen = torch.Generator().manual_seed(10)
+
+    def t(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).requires_grad_()
+
+    a, b, c, w, bias = t(3, 5), t(5, 4), t(4, 2), t(4), t(4)
+    assert torch.autograd.gradcheck(lambda a, b, w, bias: _PostNorm.apply("layernorm", a, b, w, bias), (a, b, w, bias))
+    assert torch.autograd.gradcheck(lambda a, b, w: _PostNorm.apply("rmsnorm", a, b, w, None), (a, b, w))
+    assert torch.autograd.gradcheck(_PreNorm.apply, (a, b))
+    assert torch.autograd.gradcheck(_Deferred.apply, (a, b, c))
+    dc = t(3, 4).detach()
+    (a @ b).backward(dc)
+    torch.testing.assert_close(_grad.matmul_grads(a.detach(), b.detach(), dc), (a.grad, b.grad))
