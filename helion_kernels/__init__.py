@@ -10,12 +10,14 @@ Public API (each op a ``torch.library`` custom op, usable under ``torch.compile`
     from helion_kernels import matmul_rmsnorm_matmul   # rms_norm(a @ b) @ c, norm deferred
     from helion_kernels import gdpa, flash_norm_attention   # jagged attention
     from helion_kernels import matmul                   # the plain Helion GEMM
+    from helion_kernels import RMSNormLinear, LinearLayerNorm, LinearRMSNorm  # nn.Module drop-ins
 
 Importing the package does not import Helion: each kernel module (and Helion) is imported
 by the first call that needs it. Configs come from the registry (:mod:`.registry`); the
 README says how to tune your own shapes (``helion-kernels autotune``).
 """
 
+from .modules import LinearLayerNorm, LinearRMSNorm, RMSNormLinear
 from .ops import (
     flash_norm_attention,
     fold_rmsnorm_weight,
@@ -30,6 +32,9 @@ from .ops import (
 )
 
 __all__ = [
+    "LinearLayerNorm",
+    "LinearRMSNorm",
+    "RMSNormLinear",
     "flash_norm_attention",
     "fold_rmsnorm_weight",
     "gdpa",

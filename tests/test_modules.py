@@ -1,0 +1,146 @@
+"""The nn.Module drop-ins against the PyTorch pairs they replace: outputs and every
+parameter's gradient, leading dimensions, eps semantics, state_dict both ways, from_modules,
+autocast (CUDA), torch.compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from helion_kernels import LinearLayerNorm, LinearRMSNorm, RMSNormLinear
+from helion_kernels.verify import check_outputs
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ON_DEVICE = pytest.mark.cuda if DEVICE == "cuda" else pytest.mark.ref_mode
+pytestmark = pytest.mark.filterwarnings("ignore::helion_kernels.registry.ConfigFallbackWarning")
+GRAD_TOLERANCE = {torch.bfloat16: 5e-2, torch.float32: 5e-3}
+
+
+def _pair(kind: str, k: int, n: int, bias: bool, eps, dtype, seed: int):
+    torch.manual_seed(seed)
+    if kind == "RMSNormLinear":
+        pair = nn.Sequential(nn.RMSNorm(k, eps=eps), nn.Linear(k, n, bias=bias))
+    else:
+        norm = nn.LayerNorm(n, eps=eps or 1e-5) if kind == "LinearLayerNorm" else nn.RMSNorm(n, eps=eps)
+        pair = nn.Sequential(nn.Linear(k, n, bias=bias), norm)
+    with torch.no_grad():  # affine parameters away from their 1 / 0 initialisation
+        for name, p in pair.named_parameters():
+            if not name.endswith("1.weight") and p.dim() == 1:
+                p.add_(0.2 * torch.randn_like(p))
+    return pair.to(DEVICE, dtype)
+
+
+def _module(kind: str, pair: nn.Sequential):
+    if kind == "RMSNormLinear":
+        return RMSNormLinear.from_modules(pair[0], pair[1])
+    return {"LinearLayerNorm": LinearLayerNorm, "LinearRMSNorm": LinearRMSNorm}[kind].from_modules(pair[1], pair[0])
+
+
+KINDS = ["RMSNormLinear", "LinearLayerNorm", "LinearRMSNorm"]
+# (kind, eps): nn.RMSNorm's eps=None means the dtype's epsilon; nn.LayerNorm has no None.
+KIND_EPS = [(k, e) for k in KINDS for e in (None, 1e-6) if not (k == "LinearLayerNorm" and e is None)]
+
+
+@ON_DEVICE
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("kind", "eps"), KIND_EPS, ids=[f"{k}-eps_{e}" for k, e in KIND_EPS])
+def test_matches_the_pair_forward_and_backward(kind, eps, dtype, bias):
+    pair = _pair(kind, 48, 40, bias, eps, dtype, seed=1)
+    module = _module(kind, pair)
+    x = torch.randn(3, 7, 48, device=DEVICE).to(dtype).requires_grad_()  # leading dims [3, 7]
+    probe = torch.randn(3, 7, 40, device=DEVICE)
+    out = module(x)
+    assert out.shape == (3, 7, 40) and out.dtype == dtype
+    (out.float() * probe).sum().backward()
+    got = {"x": x.grad, **{n: p.grad for n, p in module.named_parameters()}}
+    ref_pair = _pair(kind, 48, 40, bias, eps, torch.float64, seed=1)
+    x64 = x.detach().double().requires_grad_()
+    ref = ref_pair(x64)
+    check_outputs(out, ref, dtype)
+    (ref * probe.double()).sum().backward()
+    expected = {"x": x64.grad}
+    for (name, p), (_, q) in zip(pair.named_parameters(), ref_pair.named_parameters()):
+        module_name = {"0": "norm", "1": "linear"}[name[0]] if kind == "RMSNormLinear" else \
+            {"0": "linear", "1": "norm"}[name[0]]
+        expected[f"{module_name}{name[1:]}"] = q.grad
+    assert set(got) == set(expected)
+    for name, g in got.items():
+        check_outputs(g, expected[name], dtype, tolerance=GRAD_TOLERANCE[dtype])
+
+
+@ON_DEVICE
+@pytest.mark.parametrize("kind", ["LinearLayerNorm", "LinearRMSNorm"])
+def test_residual_before_the_norm(kind):
+    pair = _pair(kind, 32, 24, False, 1e-5, torch.float32, seed=2)
+    module = _module(kind, pair)
+    x, r = torch.randn(5, 32, device=DEVICE), torch.randn(5, 24, device=DEVICE)
+    check_outputs(module(x, residual=r), pair[1](pair[0](x) + r), torch.float32)
+
+
+@ON_DEVICE
+@pytest.mark.parametrize("kind", KINDS)
+def test_state_dict_both_ways_and_constructor(kind):
+    pair = _pair(kind, 16, 8, True, 1e-5, torch.float32, seed=3)
+    module = _module(kind, pair)
+    names = {"RMSNormLinear": ("norm", "linear")}.get(kind, ("linear", "norm"))
+    expected = {f"{names[int(k[0])]}{k[1:]}" for k in pair.state_dict()}
+    assert set(module.state_dict()) == expected == {"norm.weight", "linear.weight", "linear.bias"} | (
+        {"norm.bias"} if kind == "LinearLayerNorm" else set())
+    fresh = {"RMSNormLinear": RMSNormLinear, "LinearLayerNorm": LinearLayerNorm,
+             "LinearRMSNorm": LinearRMSNorm}[kind](16, 8, eps=1e-5).to(DEVICE)
+    fresh.load_state_dict(module.state_dict())
+    x = torch.randn(4, 16, device=DEVICE)
+    torch.testing.assert_close(fresh(x), module(x))
+    back = _pair(kind, 16, 8, True, 1e-5, torch.float32, seed=4)
+    back.load_state_dict({f"{names.index(k.split('.')[0])}.{k.split('.', 1)[1]}": v for k, v in fresh.state_dict().items()})
+    torch.testing.assert_close(back(x), pair(x))
+
+
+@ON_DEVICE
+def test_from_modules_refuses_a_mismatched_pair():
+    with pytest.raises(TypeError, match="norm must be an nn.RMSNorm"):
+        RMSNormLinear.from_modules(nn.LayerNorm(8), nn.Linear(8, 4))
+    with pytest.raises(ValueError, match="in_features"):
+        RMSNormLinear.from_modules(nn.RMSNorm(4), nn.Linear(8, 4))
+    with pytest.raises(ValueError, match="out_features"):
+        LinearLayerNorm.from_modules(nn.LayerNorm(8), nn.Linear(8, 4))
+    with pytest.raises(TypeError, match="linear must be an nn.Linear"):
+        LinearRMSNorm.from_modules(nn.RMSNorm(4), nn.Identity())
+
+
+@ON_DEVICE
+def test_shares_the_pairs_parameters():
+    norm, linear = nn.RMSNorm(8), nn.Linear(8, 4)
+    module = RMSNormLinear.from_modules(norm, linear)
+    assert module.norm is norm and module.linear.weight is linear.weight
+
+
+@ON_DEVICE
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("kind", KINDS)
+def test_compiles_with_fullgraph(kind):
+    pair = _pair(kind, 32, 24, False, 1e-5, torch.float32, seed=5)
+    module = _module(kind, pair)
+    x = torch.randn(2, 3, 32, device=DEVICE)
+    torch._dynamo.reset()
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    torch.testing.assert_close(torch.compile(module, fullgraph=True, backend=backend)(x), module(x))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", KINDS)
+def test_autocast_with_fp32_parameters(kind):
+    """fp32 parameters under bf16 autocast: the pair's output dtype, close values, fp32
+    gradients."""
+    pair = _pair(kind, 256, 128, kind == "RMSNormLinear", None if kind != "LinearLayerNorm" else 1e-5,
+                 torch.float32, seed=6)
+    module = _module(kind, pair)
+    x = torch.randn(4, 64, 256, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ours, theirs = module(x), pair(x)
+    assert ours.dtype == theirs.dtype
+    check_outputs(ours, theirs.float(), torch.bfloat16)
+    ours.float().sum().backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in module.parameters())
