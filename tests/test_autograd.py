@@ -101,11 +101,12 @@ def test_gradients_match_float64(name, dtype, shape, affine):
 
 @pytest.mark.parametrize("name", list(OPS))
 def test_gradients_with_large_row_means(name):
-    """Rows whose mean is large against their spread (the cancellation case of LayerNorm)."""
+    """Rows whose mean is large against their spread (the cancellation case of LayerNorm);
+    the large part is exact in TF32 (30 * 3), so the fp32 forward on a GPU is held to fp32."""
     leaves = _leaves(17, 40, 24, 8, torch.float32, seed=3)
     with torch.no_grad():
         leaves["a"][:, 0] = 30.0
-        leaves["b"][0] += 3.0
+        leaves["b"][0] = 3.0
     _grads_against_f64(name, leaves, torch.float32)
 
 
@@ -212,9 +213,9 @@ class _PostNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        a, b, w, bias, mean, rstd = ctx.saved_tensors
+        a, b, w, bias, _, _ = ctx.saved_tensors
         needs = (True, True, True, bias is not None)
-        return (None, *_grad.postnorm_grads(ctx.kind, a, b, w, bias, mean, rstd, dy, needs))
+        return (None, *_grad.postnorm_grads(ctx.kind, a, b, w, bias, EPS, dy, needs))
 
 
 class _PreNorm(torch.autograd.Function):

@@ -11,8 +11,10 @@ What each forward saves, and why (the cheapest set that rebuilds the normalised 
 
 * pre-norm ``rms_norm(a) @ b``: ``a``, ``b`` (alive anyway: the layer's input and weight)
   and the fp32 ``rstd`` [M]; ``x_hat = a * rstd`` is rebuilt on the fly.
-* post-norm ``norm(a @ b)``: ``a``, ``b`` and the fp32 row statistics; the product ``a @ b``
-  is recomputed (one GEMM). Rebuilding ``x_hat`` from the output instead,
+* post-norm ``norm(a @ b)``: ``a``, ``b`` and the affine parameters; the product ``a @ b`` is
+  recomputed (one GEMM) and its row statistics with it (one reduction), so ``x_hat`` is
+  consistent with the product the gradient is taken of (with fp32 inputs the forward's
+  statistics come from a TF32 product). Rebuilding ``x_hat`` from the output instead,
   ``(y - bias) / weight``, fails where a weight element is 0 (a common initialisation of a
   residual branch's norm) and loses precision where ``|bias| >> |weight * x_hat|``; saving
   the product would cost an [M, N] write in the forward, the very pass the fusion removes.
@@ -62,11 +64,17 @@ def rmsnorm_matmul_grads(a, b, rstd, dc, need_a: bool = True, need_b: bool = Tru
     return da, db
 
 
-def postnorm_grads(kind: str, a, b, weight, bias, mean, rstd, dy, needs: tuple[bool, bool, bool, bool]):
+def postnorm_grads(kind: str, a, b, weight, bias, eps: float, dy, needs: tuple[bool, bool, bool, bool]):
     """(dA, dB, dWeight, dBias) of ``y = norm(a @ b) * weight + bias`` over N, ``kind`` being
-    ``"layernorm"`` (``mean`` used) or ``"rmsnorm"`` (``mean`` None, no bias)."""
+    ``"layernorm"`` or ``"rmsnorm"`` (no bias)."""
     c = mm_fp32(a, b)
-    x_hat = (c - mean[:, None]) * rstd[:, None] if kind == "layernorm" else c * rstd[:, None]
+    if kind == "layernorm":
+        var, mean = torch.var_mean(c, dim=1, correction=0)
+        rstd = torch.rsqrt(var + eps)
+        x_hat = (c - mean[:, None]) * rstd[:, None]
+    else:
+        rstd = torch.rsqrt(c.pow(2).mean(dim=1) + eps)
+        x_hat = c * rstd[:, None]
     dy32 = dy.float()
     g = dy32 * weight.float() if weight is not None else dy32
     dx = (layer_row_backward if kind == "layernorm" else rms_row_backward)(g, x_hat, rstd).to(a.dtype)

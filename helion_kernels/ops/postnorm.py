@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from .. import checks, runtime
 from ..kernels.limits import check_full_row_n, max_full_row_n
 from ._grad import mm_fp32, postnorm_grads
-from ._op import Op, filled, records_grad
+from ._op import Op, filled
 
 _kernels = runtime.LazyModule("helion_kernels.kernels.postnorm_full_row")
 
@@ -163,34 +163,33 @@ def _matmul_rmsnorm_fake(a, b, weight, eps, return_rstd, fused):
     return a.new_empty(a.shape[0], b.shape[1]), a.new_empty(rows, dtype=torch.float32)
 
 
-# Autograd (shared with the split-N ops, whose outputs and statistics are the same): the
-# forward saves a, b, the affine parameters and the fp32 statistics; the backward recomputes
-# a @ b (see ._grad for why). The statistics outputs are not differentiable.
+# Autograd (shared with the split-N ops, whose outputs are the same): the forward saves a, b
+# and the affine parameters; the backward recomputes a @ b and its statistics (see ._grad for
+# why). The statistics outputs are not differentiable. ``eps`` is input 4 (LayerNorm) or 3.
 
 
 def setup_layernorm(ctx, inputs, output):
-    a, b, weight, bias = inputs[:4]
-    y, mean, rstd = output
-    ctx.save_for_backward(a, b, weight, bias, mean, rstd)
-    ctx.mark_non_differentiable(mean, rstd)
+    ctx.save_for_backward(*inputs[:4])
+    ctx.eps = inputs[4]
+    ctx.mark_non_differentiable(*output[1:])
 
 
 def backward_layernorm(ctx, dy, _dmean, _drstd):
-    a, b, weight, bias, mean, rstd = ctx.saved_tensors
-    grads = postnorm_grads("layernorm", a, b, weight, bias, mean, rstd, dy, ctx.needs_input_grad[:4])
+    a, b, weight, bias = ctx.saved_tensors
+    grads = postnorm_grads("layernorm", a, b, weight, bias, ctx.eps, dy, ctx.needs_input_grad[:4])
     return (*grads, *(None,) * (len(ctx.needs_input_grad) - 4))
 
 
 def setup_rmsnorm(ctx, inputs, output):
-    a, b, weight = inputs[:3]
-    ctx.save_for_backward(a, b, weight, output[1])
+    ctx.save_for_backward(*inputs[:3])
+    ctx.eps = inputs[3]
     ctx.mark_non_differentiable(output[1])
 
 
 def backward_rmsnorm(ctx, dy, _drstd):
-    a, b, weight, rstd = ctx.saved_tensors
+    a, b, weight = ctx.saved_tensors
     needs = (*ctx.needs_input_grad[:3], False)
-    da, db, dweight, _ = postnorm_grads("rmsnorm", a, b, weight, None, None, rstd, dy, needs)
+    da, db, dweight, _ = postnorm_grads("rmsnorm", a, b, weight, None, ctx.eps, dy, needs)
     return (da, db, dweight, *(None,) * (len(ctx.needs_input_grad) - 3))
 
 
@@ -233,7 +232,7 @@ def matmul_layernorm(
         ``y`` [M, N] in the input dtype (fp32 accumulation and statistics), or
         ``(y, mean, rstd)`` with ``return_stats=True``. Differentiable in ``a``, ``b``,
         ``weight`` and ``bias`` (the statistics are not); the backward (:mod:`._grad`) saves
-        the inputs and the fp32 statistics and recomputes ``a @ b``.
+        the inputs and recomputes ``a @ b`` and its statistics.
 
     Raises:
         TypeError: non-tensor input, unsupported or mismatched dtypes, ``fused`` not a bool
@@ -248,8 +247,7 @@ def matmul_layernorm(
     eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight, bias=bias)
     checks.fused_flag(fused)
     runtime.check_runnable(op, a.device)
-    stats = return_stats or records_grad(a, b, weight, bias)  # the backward needs them
-    y, mean, rstd = _LAYERNORM(a, b, weight, bias, eps, stats, fused)
+    y, mean, rstd = _LAYERNORM(a, b, weight, bias, eps, return_stats, fused)
     return (y, mean, rstd) if return_stats else y
 
 
@@ -289,6 +287,5 @@ def matmul_rmsnorm(
     eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight)
     checks.fused_flag(fused)
     runtime.check_runnable(op, a.device)
-    stats = return_rstd or records_grad(a, b, weight)  # the backward needs rstd
-    y, rstd = _RMSNORM(a, b, weight, eps, stats, fused)
+    y, rstd = _RMSNORM(a, b, weight, eps, return_rstd, fused)
     return (y, rstd) if return_rstd else y

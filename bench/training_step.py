@@ -1,0 +1,204 @@
+"""Forward + backward of one layer: the fused module against what a user runs today.
+
+For each row (layer, M, K, N) of a training workload (default ``training``), bf16 inputs,
+parameters and output gradient, ``x`` requiring grad (a layer inside a network), the same
+timer for every column (``triton.testing.do_bench``, median, not graph-captured: the compiled
+and Helion steps are timed the same way):
+
+* ``gemms``: the layer's three cuBLAS GEMMs alone (forward, dgrad, wgrad): the floor where
+  the norm costs nothing; ``helion_gemms``: the same three as this package's Helion GEMM;
+* ``eager``, ``compiled``: the PyTorch pair (``nn.RMSNorm``/``nn.LayerNorm`` + ``nn.Linear``),
+  eager and under ``torch.compile`` (default mode); ``liger``: Liger's norm + ``nn.Linear``
+  (when liger-kernel is installed);
+* ``fused``, ``fused_compiled``: this package's module, eager and under ``torch.compile``.
+
+Also: peak memory of one step (fused vs compiled), the share of the norm's cost removed,
+``(compiled - fused) / (compiled - gemms)``, and each output gradient checked against the
+compiled pair's.
+
+    python bench/training_step.py [--where "layer == 'linear_layernorm'"] [--out DIR]
+
+Writes ``training_step_<workload>[_<where>].{csv,md,json,png}`` to ``bench/results/<gpu>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import nn
+
+from helion_kernels import LinearLayerNorm, LinearRMSNorm, RMSNormLinear, matmul, registry
+from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, write_results
+from helion_kernels.timing import measure_ceilings
+from helion_kernels.verify import check_outputs
+from helion_kernels.workloads import load_workload
+
+NORMS = {"rmsnorm_linear": nn.RMSNorm, "linear_layernorm": nn.LayerNorm, "linear_rmsnorm": nn.RMSNorm}
+MODULES = {"rmsnorm_linear": RMSNormLinear, "linear_layernorm": LinearLayerNorm, "linear_rmsnorm": LinearRMSNorm}
+
+
+def _pair(layer: str, k: int, n: int) -> nn.Module:
+    if layer == "rmsnorm_linear":
+        return nn.Sequential(nn.RMSNorm(k, eps=1e-5), nn.Linear(k, n, bias=False))
+    return nn.Sequential(nn.Linear(k, n, bias=False), NORMS[layer](n, eps=1e-5))
+
+
+def _fused(layer: str, pair: nn.Sequential) -> nn.Module:
+    norm, linear = (pair[0], pair[1]) if layer == "rmsnorm_linear" else (pair[1], pair[0])
+    return MODULES[layer].from_modules(norm, linear)
+
+
+def _liger(layer: str, pair: nn.Sequential) -> nn.Module | None:
+    try:
+        from liger_kernel.transformers import LigerLayerNorm, LigerRMSNorm
+    except Exception:  # optional dependency, or broken against this torch/triton
+        return None
+    norm = pair[0] if layer == "rmsnorm_linear" else pair[1]
+    liger = (LigerLayerNorm if layer == "linear_layernorm" else LigerRMSNorm)(norm.normalized_shape[0], eps=1e-5)
+    liger = liger.to(norm.weight.device, norm.weight.dtype)
+    with torch.no_grad():
+        liger.weight.copy_(norm.weight)
+        if getattr(norm, "bias", None) is not None and getattr(liger, "bias", None) is not None:
+            liger.bias.copy_(norm.bias)
+    return nn.Sequential(liger, pair[1]) if layer == "rmsnorm_linear" else nn.Sequential(pair[0], liger)
+
+
+def _step(model, x, dy):
+    def run():
+        x.grad = None
+        for p in model.parameters():
+            p.grad = None
+        model(x).backward(dy)
+    return run
+
+
+def _peak_mib(fn) -> float:
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def bench_row(layer: str, m: int, k: int, n: int) -> dict:
+    from triton.testing import do_bench
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    pair = _pair(layer, k, n).to(dev, dt)
+    with torch.no_grad():
+        for p in pair.parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    x = torch.randn(m, k, device=dev, dtype=dt, requires_grad=True)
+    dy = torch.randn(m, n, device=dev, dtype=dt)
+    weight = pair[1].weight if layer == "rmsnorm_linear" else pair[0].weight  # [N, K]
+    xs, w = x.detach(), weight.detach()
+    gemm_inputs = (xs, w.t().contiguous(), dy, w.contiguous(), dy.t().contiguous(), xs)
+
+    def gemms(mm):
+        return lambda: (mm(gemm_inputs[0], gemm_inputs[1]), mm(gemm_inputs[2], gemm_inputs[3]),
+                        mm(gemm_inputs[4], gemm_inputs[5]))
+
+    steps = {"gemms": gemms(torch.mm), "helion_gemms": gemms(matmul),
+             "eager": _step(pair, x, dy), "compiled": _step(torch.compile(pair), x, dy)}
+    liger = _liger(layer, pair)
+    if liger is not None:
+        steps["liger"] = _step(liger, x, dy)
+    fused = _fused(layer, pair)
+    steps["fused"] = _step(fused, x, dy)
+    steps["fused_compiled"] = _step(torch.compile(fused), x, dy)
+
+    row = {"layer": layer, "M": m, "K": k, "N": n}
+    # Correctness: every gradient of the fused step against the compiled pair's.
+    steps["compiled"]()
+    expected = [x.grad.clone(), *(p.grad.clone() for p in pair.parameters())]
+    for name in ("fused", "fused_compiled"):
+        steps[name]()
+        got = [x.grad, *(p.grad for p in pair.parameters())]
+        try:
+            row[f"{name}_grad_rel_error"] = max(check_outputs(g, e.float(), dt, tolerance=5e-2) for g, e in zip(got, expected))
+            row[f"{name}_check"] = "ok"
+        except AssertionError as err:
+            row[f"{name}_grad_rel_error"], row[f"{name}_check"] = float("inf"), f"FAILED: {err}"
+    for name, fn in steps.items():
+        row[f"{name}_ms"] = do_bench(fn, return_mode="median")
+    row["fused_peak_mib"] = _peak_mib(steps["fused"])
+    row["compiled_peak_mib"] = _peak_mib(steps["compiled"])
+    best = min(row["fused_ms"], row["fused_compiled_ms"])
+    norm_cost = row["compiled_ms"] - row["gemms_ms"]
+    row["norm_share_removed_pct"] = 100 * (row["compiled_ms"] - best) / norm_cost if norm_cost > 0 else float("nan")
+    row["speedup_vs_compiled"] = row["compiled_ms"] / best
+    row["fused_over_helion_gemms"] = best / row["helion_gemms_ms"]
+    return row
+
+
+def plot(df: pd.DataFrame, meta: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r.layer} {r.M}x{r.K}x{r.N}" for r in df.itertuples()]
+    cols = [c for c in df.columns if c.endswith("_ms")]
+    rel = df[cols].div(df["gemms_ms"], axis=0)
+    rel.columns = [c.removesuffix("_ms") for c in cols]
+    rel.index = labels
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, len(df) * 1.6), 9))
+    rel.plot.bar(ax=axes[0], width=0.85)
+    axes[0].axhline(1.0, color="k", lw=0.8, ls="--")
+    axes[0].set_ylabel("forward + backward / cuBLAS GEMMs alone")
+    axes[0].set_title(f"{meta['gpu']}: one training step of the layer (lower is better)")
+    axes[0].legend(fontsize=8, ncol=4)
+    aim_bars(axes[1], df["speedup_vs_compiled"], labels, 1.0, "torch.compile of the pair",
+             "speed-up over torch.compile (best fused)", baseline=1.0)
+    finish_plot(fig, axes, path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="training")
+    ap.add_argument("--where", default=None)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    try:
+        table = load_workload(args.workload, args.where)
+    except ValueError as err:
+        ap.error(str(err))
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    warnings.simplefilter("ignore", registry.ConfigFallbackWarning)
+    device = torch.device("cuda")
+    ceilings = measure_ceilings(device)
+    rows = []
+    for r in table.to_dict("records"):
+        rows.append(bench_row(r["layer"], int(r["M"]), int(r["K"]), int(r["N"])))
+        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
+    df = pd.DataFrame(rows)
+    meta = run_meta(device, ceilings, inputs="bf16 inputs, parameters (affine ~ 1 +- 0.1) and output gradient; "
+                                            "x requires grad; Linear without bias",
+                    baselines="gemms/helion_gemms: the layer's forward, dgrad and wgrad GEMMs alone; eager / "
+                              "compiled (torch.compile default mode) PyTorch pair; liger: Liger's norm + nn.Linear")
+    meta["timing"] = "triton.testing.do_bench, median, not graph-captured, the same for every column"
+    meta["command"] = "python bench/training_step.py" + (f" --where {args.where!r}" if args.where else "")
+    stem = f"training_step_{args.workload}" + ("_" + re.sub(r"[^A-Za-z0-9]+", "_", args.where).strip("_")
+                                                 if args.where else "")
+    out = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
+    paths = write_results(df, meta, out, stem, plot, notes=(
+        "`norm_share_removed_pct` = (compiled - best fused) / (compiled - gemms): 100 = the norm is free",))
+    print("wrote " + ", ".join(map(str, paths)))
+    return 1 if (df[[c for c in df.columns if c.endswith("_check")]] != "ok").any().any() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
