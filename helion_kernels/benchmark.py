@@ -21,6 +21,7 @@ import datetime
 import functools
 import importlib.metadata
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -302,10 +303,26 @@ def cpu_report(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype) ->
             args = spec.make_args(problem.for_codegen(), dtype, "cpu", None)  # uninitialised: codegen only
             found = registry.lookup(spec.name, key, name, gpu, warn=False)
             resolved = runtime.resolve_entry(spec, found, args)
-            rows.append({
+            row = {
                 "gpu": gpu, **key._asdict(), "dtype": name, "config": found.source,
-                "tuned_at": "" if found.entry is None else str(found.entry.shape),
-                "tuned_ms": found.entry.meta.get("latency_ms") if found.source == "exact" else None,
-                "codegen": codegen_status(kernel, args, resolved),
-            })
+                "tuned_at": "-" if found.entry is None else str(found.entry.shape),
+                "tuned_ms": found.entry.meta.get("latency_ms", math.nan) if found.source == "exact" else math.nan,
+            }
+            if spec.dispatch_baseline is not None:
+                row["runs"] = _dispatch(spec, key, dtype, found)
+            row["codegen"] = codegen_status(kernel, args, resolved)
+            rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _dispatch(spec: KernelSpec, shape, dtype: torch.dtype, found: registry.Lookup) -> str:
+    """What a full-row op runs at ``shape`` by the registry (as :func:`~.ops.use_fused`,
+    without a device: the H100/H200 shared memory for the N limit)."""
+    from .kernels.limits import max_full_row_n
+
+    limit = max_full_row_n(dtype, "cpu")
+    if shape.N > limit:
+        return f"unfused (N > {limit})"
+    if found.entry is None:
+        return "unfused (no entry)"
+    return found.entry.meta.get("dispatch", {}).get("choice", "unfused")

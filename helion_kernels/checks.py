@@ -19,15 +19,28 @@ SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def finite(op: str, name: str, x, minimum: float | None = None) -> float:
-    """``x`` as a float; ValueError unless it is a finite real number (>= minimum)."""
+    """``x`` as a float; TypeError unless it is a real number, ValueError unless it is finite
+    (and >= minimum). While ``torch.compile`` traces, the value is not checked: a changing
+    eps is traced as a symbolic float, which has no value yet (eager calls check it)."""
+    if not isinstance(x, Real) or isinstance(x, bool):
+        raise TypeError(f"{op}: {name} must be a real number, got {type(x).__name__} {x!r}")
+    if torch.compiler.is_compiling():
+        return x
     try:
-        value = float(x) if isinstance(x, Real) and not isinstance(x, bool) else None
+        value = float(x)
     except OverflowError:
-        value = None
-    if value is None or not math.isfinite(value) or (minimum is not None and value < minimum):
+        value = math.inf
+    if not math.isfinite(value) or (minimum is not None and value < minimum):
         bound = "" if minimum is None else f" >= {minimum:g}"
         raise ValueError(f"{op}: {name} must be a finite number{bound}, got {x!r}")
     return value
+
+
+def flag(op: str, name: str, x) -> bool:
+    """``x`` if it is a bool; TypeError otherwise (``return_stats="no"`` is a bug, not a no)."""
+    if not isinstance(x, bool):
+        raise TypeError(f"{op}: {name} must be True or False, got {x!r}")
+    return x
 
 
 def same_device(op: str, *tensors: torch.Tensor) -> torch.device:
@@ -93,10 +106,10 @@ def no_grad(op: str, *tensors: torch.Tensor | None) -> None:
         )
 
 
-def fused_flag(fused) -> None:
+def fused_flag(op: str, fused) -> None:
     """``fused`` must be None, True or False."""
     if fused is not None and not isinstance(fused, bool):
-        raise TypeError(f"fused must be None, True or False, got {fused!r}")
+        raise TypeError(f"{op}: fused must be None, True or False, got {fused!r}")
 
 
 def jagged(op: str, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv,

@@ -2,7 +2,8 @@
 
 Only argument parsing and printing live here; the work is in :mod:`.tuning` and
 :mod:`.benchmark`, generic over every kernel's spec. Those (and Helion) are imported by the
-command that needs them, so ``--help`` and ``list`` start fast.
+command that needs them, after its arguments are checked, so ``--help``, ``list`` and a
+mistyped argument answer fast.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ config at this key here (else the reason is listed below the table)."""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="helion-kernels", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="helion-kernels", description=(
+        "Tune, benchmark and list the fused GEMM / attention + norm kernels of helion-kernels."))
     sub = p.add_subparsers(dest="command", required=True)
     kernels = ", ".join(CATALOG)
 
@@ -47,13 +49,14 @@ def _parser() -> argparse.ArgumentParser:
             f"a workload table: GEMM ({', '.join(workloads.list_workloads('gemm'))}) or attention "
             f"({', '.join(workloads.list_workloads('attention'))})"))
         sp.add_argument("--where", help="pandas query selecting workload rows, e.g. 'M == 65536' or 'H == 4'")
-        sp.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+        sp.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="input dtype (default bfloat16)")
 
     tune = sub.add_parser("autotune", help=(
         "tune shapes on this GPU and save verified configs in the user registry (attention "
         "kernels: one config per (H, D), tuned on its row with the longest sequences)"))
     common(tune, shape=True)
-    tune.add_argument("--effort", default="quick", choices=["quick", "full"], help="Helion autotune_effort")
+    tune.add_argument("--effort", default="quick", choices=["quick", "full"],
+                      help="Helion's autotune_effort: quick (pattern search from ~30 seeds) or full (default quick)")
     tune.add_argument("--budget-seconds", type=int, default=60,
                       help="Helion autotune_budget_seconds per shape (default 60)")
     tune.add_argument("--force", action="store_true", help="re-tune shapes already in the registry")
@@ -67,27 +70,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _problems(args: argparse.Namespace, spec) -> list:
+def _problems(args: argparse.Namespace) -> list:
+    """The rows to tune or benchmark: ``--shape`` or ``--workload`` [``--where``], checked
+    against the kernel's workload kind (read off the catalog: Helion is not imported yet)."""
+    kind = CATALOG[args.kernel][2]
     if getattr(args, "shape", None):
-        if spec.workload != "gemm":
-            raise ValueError(f"{spec.name} is tuned on {spec.workload} workload rows (sequence lengths), "
-                             f"not --shape; use --workload (e.g. {spec.name}) [--where 'H == 4']")
+        if kind != "gemm":
+            raise ValueError(f"{args.kernel} is tuned on {kind} workload rows (sequence lengths), not "
+                             f"--shape; use --workload (e.g. {args.kernel}) [--where 'H == 4']")
         if args.where:
             raise ValueError("--where applies to --workload, not --shape")
         return [workloads.parse_shape(args.shape)]
-    table = workloads.load_workload(args.workload, args.where, kind=spec.workload)
-    return workloads.problems(table, spec.workload)
+    table = workloads.load_workload(args.workload, args.where, kind=kind)
+    return workloads.problems(table, kind)
 
 
 def _cmd_autotune(args: argparse.Namespace) -> int:
-    spec = get_spec(args.kernel)
-    problems = _problems(args, spec)
+    problems = _problems(args)
     if not torch.cuda.is_available():
         print("helion-kernels autotune: autotuning times kernels on a CUDA GPU and none was found.",
               file=sys.stderr)
         return 2
     from .tuning import TuneOptions, tune
 
+    spec = get_spec(args.kernel)
     if (_CHECKOUT / "autotune_cache").is_dir():  # a source checkout keeps Helion's cache there
         os.environ.setdefault("HELION_CACHE_DIR", str(_CHECKOUT / "autotune_cache"))
     options = TuneOptions(effort=args.effort, budget_seconds=args.budget_seconds, force=args.force, seed=args.seed)
@@ -105,14 +111,13 @@ def _stem(args: argparse.Namespace, kernel: str) -> str:
     return stem if args.dtype == "bfloat16" else f"{stem}_{args.dtype}"
 
 
-def _committed_summary(path: Path, spec) -> str:
-    """A committed result CSV as a table that fits :data:`WIDTH` columns: the row, the fused
+def _committed_summary(df, path: Path, spec) -> str:
+    """A committed result table as text that fits :data:`WIDTH` columns: the row, the fused
     kernel's latency, the best unfused pipeline's, the speed-up and the latency saved."""
     import pandas as pd
 
     from .benchmark import row_labels
 
-    df = pd.read_csv(path)
     fused_col = next((c for c in df.columns if c.endswith("_ms") and c.startswith(spec.name)), None)
     unfused = [f"{n}_ms" for n in spec.unfused_baselines if f"{n}_ms" in df.columns]
     if fused_col is None or not unfused:
@@ -127,17 +132,21 @@ def _committed_summary(path: Path, spec) -> str:
 
 def _print_committed(args: argparse.Namespace, spec) -> None:
     """The committed GPU results of this kernel and workload, compactly."""
+    import pandas as pd
+
     results = _CHECKOUT / "bench" / "results"
     for gpu in registry.known_gpus():
         paths = [results / gpu / f"{_stem(args, spec.name)}.csv"]
         if not paths[0].is_file():  # this exact selection if it was benchmarked, else any of the workload
             paths = sorted((results / gpu).glob(f"{spec.name}_{args.workload}*.csv"))
         for path in paths:
-            table = _committed_summary(path, spec)
+            df = pd.read_csv(path)
+            table = _committed_summary(df, path, spec)
             saved = ("; saved_pct = % of the inductor norm's latency saved against cuBLAS + inductor norm"
                      if "saved_pct" in table else "")
+            dtypes = ", ".join(sorted(set(df["dtype"]))) if "dtype" in df.columns else "dtype not recorded"
             print("\n" + textwrap.fill(
-                f"Committed results measured on {gpu}: {path.relative_to(_CHECKOUT)} (full table: "
+                f"Committed results measured on {gpu} ({dtypes}): {path.relative_to(_CHECKOUT)} (full table: "
                 f"{path.with_suffix('.md').name}). fused_ms = this kernel, best_unfused_ms = the fastest "
                 f"unfused pipeline, speedup = best_unfused_ms / fused_ms{saved}.", WIDTH) + "\n")
             print(table)
@@ -148,14 +157,20 @@ def _cpu_bench(args: argparse.Namespace, spec, problems: list) -> int:
 
     dtype = DTYPES[args.dtype]
     print(textwrap.fill(
-        f"No CUDA GPU found: timings need a CUDA GPU. Checking instead, for every row of the "
-        f"workload and every GPU in the registry, which config {spec.name} would run with and "
-        f"that Helion generates Triton code for it here.", WIDTH) + "\n")
+        f"No CUDA GPU found: timings need a CUDA GPU (so nothing is written{' to ' + str(args.out) if args.out else ''}). "
+        f"Checking instead, for every registry key of the workload and every GPU in the registry, which config "
+        f"{spec.name} would run with and that Helion generates Triton code for it here.", WIDTH) + "\n")
     report = cpu_report(spec, problems, dtype)
     failed = report[report["codegen"] != "ok"]
     shown = report.assign(codegen=report["codegen"].where(report["codegen"] == "ok", "FAILED"))
     print(shown.to_string(index=False, na_rep="-"))
     print("\n" + CPU_LEGEND)
+    if "runs" in report.columns:
+        print(textwrap.fill("runs = what the op runs at that row: the fused kernel, or cuBLAS + the inductor-"
+                            "compiled norm (the registry's recorded choice, or N past the full-row limit).", WIDTH))
+    if len(report) < len(problems) * max(1, len(registry.known_gpus())):
+        print(textwrap.fill(f"One row per registry key: {spec.name}'s configs are keyed by "
+                            f"{', '.join(type(problems[0].key)._fields)}, not by the sequence lengths.", WIDTH))
     for row in failed.itertuples():
         print(textwrap.fill(f"FAILED {row.gpu} {dict(row._asdict())}: {row.codegen}", WIDTH,
                             subsequent_indent="  "))
@@ -166,8 +181,8 @@ def _cpu_bench(args: argparse.Namespace, spec, problems: list) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    problems = _problems(args)
     spec = get_spec(args.kernel)
-    problems = _problems(args, spec)
     if not torch.cuda.is_available():
         return _cpu_bench(args, spec, problems)
     from .benchmark import RESULTS_DIR, run_benchmark, write_results
@@ -190,7 +205,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     print("kernels (op = registry file = --kernel):")
-    for name, (_, _, technique) in CATALOG.items():
+    for name, (_, _, _, technique) in CATALOG.items():
         print(f"  {name:26} {technique}")
     for old, new in DEPRECATED.items():
         print(f"  {old:26} deprecated name of {new}")
@@ -217,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, registry.RegistryError) as err:
         print(f"helion-kernels {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader went away (``| head``): not an error of ours
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

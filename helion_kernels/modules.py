@@ -4,11 +4,12 @@ Each module holds the pair it replaces as submodules named ``norm`` and ``linear
 checkpoint of the pair loads into it and back: ``norm.weight``, ``linear.weight``,
 ``linear.bias``), takes inputs with any leading dimensions (``[batch, seq, K]``), and
 returns what the pair returns, also under ``torch.autocast("cuda", dtype=torch.bfloat16)``
-with fp32 parameters: the GEMM runs in the autocast dtype, the norm's statistics in fp32,
-and the output dtype is the pair's (autocast runs ``layer_norm`` / ``rms_norm`` in fp32 on
-CUDA, so a module ending in the norm returns fp32 there, one ending in the Linear the
-autocast dtype). ``nn.RMSNorm(eps=None)`` keeps its meaning: the machine epsilon of the
-dtype the norm sees. Gradients land in the parameters' dtype.
+with fp32 parameters: the GEMM runs in the autocast dtype (statistics are fp32 in any case),
+and the output dtype is the one the pair's norm gives under the same autocast state, asked of
+torch itself once per state (on CUDA autocast runs ``layer_norm`` in fp32, so
+``LinearLayerNorm`` returns fp32 there, as the pair does; ``rms_norm`` is not on that list
+in torch 2.11). ``nn.RMSNorm(eps=None)`` keeps its meaning: the machine epsilon of the dtype
+the norm computes in. Gradients land in the parameters' dtype.
 
 The kernels read ``nn.Linear``'s [N, K] weight as its transposed view; an RMSNorm weight in
 front of the GEMM is folded into it once per call (a [K, N] temporary, never a second
@@ -34,12 +35,34 @@ from torch import nn
 from .ops import matmul_layernorm, matmul_rmsnorm, rmsnorm_matmul
 
 
-def _compute_dtypes(x: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
-    """(dtype of the GEMM, dtype the norm sees): the autocast dtype and fp32 under CUDA
-    autocast (norms are on autocast's fp32 list there), else ``x.dtype`` for both."""
-    if x.is_cuda and torch.is_autocast_enabled("cuda"):
-        return torch.get_autocast_dtype("cuda"), torch.float32
-    return x.dtype, x.dtype
+def _compute_dtypes(x: torch.Tensor, norm: nn.Module, norm_input: str) -> tuple[torch.dtype, torch.dtype]:
+    """(dtype of the GEMM, dtype the pair's norm computes in and returns). Under autocast on
+    ``x``'s device: the autocast dtype, and what the norm does to an input of the dtype it
+    sees (``norm_input``: "x" for a pre-norm, "gemm" for a post-norm); else ``x.dtype``."""
+    device = x.device.type
+    if not torch.is_autocast_enabled(device):
+        return x.dtype, x.dtype
+    gemm = torch.get_autocast_dtype(device)
+    seen = x.dtype if norm_input == "x" else gemm
+    return gemm, _autocast_norm_dtype(type(norm).__name__, device, gemm, seen)
+
+
+def _autocast_norm_dtype(norm: str, device: str, autocast_dtype: torch.dtype, input_dtype: torch.dtype) -> torch.dtype:
+    """The output dtype of ``F.layer_norm`` / ``F.rms_norm`` on an ``input_dtype`` tensor with
+    fp32 parameters under autocast to ``autocast_dtype`` on ``device``: torch's own policy,
+    which differs between devices and versions. Asked once per state (a tiny probe; while
+    ``torch.compile`` traces a new state, the probe is traced and its ops are dead code)."""
+    key = (norm, device, autocast_dtype, input_dtype)
+    if key not in _NORM_DTYPES:
+        x = torch.zeros(1, 2, dtype=input_dtype, device=device)
+        weight = torch.ones(2, device=device)
+        with torch.autocast(device, dtype=autocast_dtype):
+            y = F.layer_norm(x, (2,), weight) if norm == "LayerNorm" else F.rms_norm(x, (2,), weight)
+        _NORM_DTYPES[key] = y.dtype
+    return _NORM_DTYPES[key]
+
+
+_NORM_DTYPES: dict[tuple, torch.dtype] = {}
 
 
 def _eps(norm: nn.Module, dtype: torch.dtype) -> float:
@@ -101,7 +124,7 @@ class RMSNormLinear(_NormLinearPair):
                          nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gemm_dtype, norm_dtype = _compute_dtypes(x)
+        gemm_dtype, norm_dtype = _compute_dtypes(x, self.norm, "x")
         lead, k = x.shape[:-1], x.shape[-1]
         with torch.autocast(x.device.type, enabled=False):
             weight = self.linear.weight.to(gemm_dtype).t()  # [K, N] view of the [N, K] weight
@@ -125,7 +148,7 @@ class _LinearNorm(_NormLinearPair):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """``norm(linear(x) + residual)`` (a post-LN block); ``residual`` [..., N] or None."""
-        gemm_dtype, norm_dtype = _compute_dtypes(x)
+        gemm_dtype, norm_dtype = _compute_dtypes(x, self.norm, "gemm")
         lead, k = x.shape[:-1], x.shape[-1]
         eps = _eps(self.norm, norm_dtype)
         with torch.autocast(x.device.type, enabled=False):

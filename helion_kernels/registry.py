@@ -340,9 +340,12 @@ def nearest_entry(entries: dict[tuple, Entry], shape: Shape | AttentionShape, dt
     return min(pool, key=lambda e: (shape_distance(e.shape, shape), tuple(-x for x in e.shape)))
 
 
-def tune_command(kernel: str, shape: Shape | AttentionShape, dtype: str) -> str:
+def tune_command(kernel: str, shape: Shape | AttentionShape, dtype: str, gpu: str | None = None) -> str:
     """The CLI command that tunes ``kernel`` at ``shape`` (attention kernels tune workload
-    rows, which carry the sequence lengths the config is timed on)."""
+    rows, which carry the sequence lengths the config is timed on); for a device that is
+    not a GPU (the CPU's interpreters), why there is none."""
+    if gpu is not None and _architecture(gpu) is None:
+        return f"nothing: configs are tuned per GPU, and on {gpu} only Helion's or Triton's interpreter runs"
     if isinstance(shape, AttentionShape):
         return (f"helion-kernels autotune --kernel {kernel} --workload {kernel} "
                 f"--where 'H == {shape.H} and D == {shape.D}' --dtype {dtype}")
@@ -367,7 +370,7 @@ def lookup(kernel: str, shape: Shape | AttentionShape, dtype: torch.dtype | str,
             warnings.warn(
                 f"{kernel}: no config tuned for {shape} {name} on {gpu}; using the one tuned "
                 f"for {near.shape} {near.dtype}{where}. Tune this shape with: "
-                f"{tune_command(kernel, shape, name)}",
+                f"{tune_command(kernel, shape, name, gpu)}",
                 ConfigFallbackWarning, stacklevel=3)
         return Lookup("nearest", near, tuned_on)
     if warn:
@@ -375,6 +378,6 @@ def lookup(kernel: str, shape: Shape | AttentionShape, dtype: torch.dtype | str,
         warnings.warn(
             f"{kernel}: the registry has {what} for {gpu}; using the conservative default "
             f"config, which can be several times slower. Tune with: "
-            f"{tune_command(kernel, shape, name)}",
+            f"{tune_command(kernel, shape, name, gpu)}",
             ConfigFallbackWarning, stacklevel=3)
     return Lookup("default", None)

@@ -196,8 +196,13 @@ def check_runnable(op: str, device: torch.device) -> None:
     """One clear line instead of a kernel error when ``device`` cannot run the kernels.
 
     Raises:
-        ValueError: a CPU (or other non-CUDA) tensor outside the interpret modes.
+        ValueError: a CPU (or other non-CUDA) tensor outside the interpret modes, or both
+            interpret modes at once.
     """
+    both = (os.environ.get("HELION_INTERPRET", "0") not in ("", "0")) and os.environ.get("TRITON_INTERPRET") == "1"
+    if both:
+        raise ValueError(f"{op}: HELION_INTERPRET=1 and TRITON_INTERPRET=1 are both set; Helion runs one "
+                         f"interpreter at a time (HELION_INTERPRET=1 runs the ops on a CPU)")
     if device.type != "cuda" and interpret_mode() is None:
         raise ValueError(
             f"{op}: the kernels need CUDA tensors, got {device.type} tensors. Without a GPU, "

@@ -73,7 +73,7 @@ def load_workload(name: str, where: str | None = None, kind: str = "gemm") -> pd
         try:
             mask = df.eval(where)
         except Exception as err:  # pandas raises many types for a bad expression
-            raise ValueError(f"bad --where expression {where!r}: {err}") from err
+            raise ValueError(f"bad --where expression {where!r}: {err} (columns: {', '.join(df.columns)})") from err
         if not (isinstance(mask, pd.Series) and mask.dtype == bool):
             raise ValueError(f"bad --where expression {where!r}: it must be a condition, e.g. 'M == 65536'")
         df = df[mask]

@@ -123,3 +123,31 @@ def test_attention_autotune_takes_workload_rows_not_shapes(capsys):
     assert "'prenorm_rmsnorm' is a gemm workload, for the GEMM-shaped kernels" in err
     assert main(["bench", "--kernel", "matmul", "--workload", "flash_norm_attention"]) == 2
     assert "'flash_norm_attention' is an attention workload (--kernel flash_norm_attention)" in capsys.readouterr().err
+
+
+def test_deprecated_name_warns_where_a_user_sees_it(capsys):
+    """Old --kernel names still work, with a FutureWarning (shown by default, unlike a
+    DeprecationWarning)."""
+    with pytest.warns(FutureWarning, match="'matmul_layernorm_row_sweep' is deprecated; it is now 'matmul_layernorm_split_n'"):
+        assert main(["bench", "--kernel", "matmul_layernorm_row_sweep", "--workload", "nope"]) == 2
+
+
+def test_bad_where_lists_the_columns(capsys, workload_registry):
+    assert main(["bench", "--kernel", "matmul", "--workload", "prenorm_rmsnorm", "--where", "Q == 1"]) == 2
+    assert "(columns: M, K, N)" in capsys.readouterr().err
+
+
+def test_argument_errors_come_before_helion_is_imported():
+    """A mistyped workload is answered without importing Helion (seconds)."""
+    code = ("import sys; from helion_kernels.cli import main; rc = main(['bench', '--kernel', 'matmul', "
+            "'--workload', 'nope']); print(rc, 'helion' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300).stdout
+    assert out.split() == ["2", "False"]
+
+
+@pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
+def test_cpu_report_says_what_a_full_row_op_runs(capsys):
+    rc = main(["bench", "--kernel", "matmul_layernorm", "--workload", "postnorm_split_n", "--where", "N >= 2048"])
+    out = capsys.readouterr().out
+    assert rc == 0 and re.search(r"262144 +512 +4096 .* unfused \(N > 2048\) +ok", out)
+    assert max(len(line) for line in out.splitlines()) <= 120

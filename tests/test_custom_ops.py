@@ -172,3 +172,46 @@ def test_import_does_not_import_helion():
     first call that needs them; the CLI's module (``--help``) needs pandas, not Helion."""
     assert _modules_after("import helion_kernels") == []
     assert _modules_after("import helion_kernels.cli") == ["pandas"]
+
+
+@ON_GPU
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_dynamic_compile_with_a_changing_eps():
+    """``dynamic=True`` traces a changing eps (or qk_scale) as a symbolic float, which the
+    checks pass on unvalidated instead of breaking the graph."""
+    a, b, c, w, bias = _gemm_inputs()
+    q, k, v, qo, ko, _ = _jagged_inputs()
+    calls = [lambda x, e: hk.matmul_rmsnorm(x, b, w, e), lambda x, e: hk.rmsnorm_matmul(x, b, None, e),
+             lambda x, e: hk.matmul_layernorm(x, b, w, bias, e, fused=False),
+             lambda x, e: hk.matmul_rmsnorm_matmul(x, b, c, w, e)]
+    for fn in calls:
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
+        for eps in (1e-5, 1e-6, 0.5):
+            torch.testing.assert_close(compiled(a, eps), fn(a, eps))
+    torch._dynamo.reset()
+    gdpa = torch.compile(lambda q, s: hk.gdpa(q, k, v, qo, ko, 7, 8, qk_scale=s), fullgraph=True, dynamic=True,
+                         backend="aot_eager")
+    for scale in (0.5, 0.25):
+        torch.testing.assert_close(gdpa(q, scale), hk.gdpa(q, k, v, qo, ko, 7, 8, qk_scale=scale))
+
+
+@pytest.mark.ref_mode
+def test_flags_and_numbers_are_type_checked():
+    a, b, _, w, _ = _gemm_inputs()
+    with pytest.raises(TypeError, match="matmul_layernorm: fused must be None, True or False, got 'yes'"):
+        hk.matmul_layernorm(a, b, fused="yes")
+    with pytest.raises(TypeError, match="matmul_rmsnorm: return_rstd must be True or False, got 'no'"):
+        hk.matmul_rmsnorm(a, b, return_rstd="no")
+    with pytest.raises(TypeError, match="rmsnorm_matmul: eps must be a real number, got str"):
+        hk.rmsnorm_matmul(a, b, eps="1e-5")
+    with pytest.raises(ValueError, match="eps must be a finite number >= 0"):
+        hk.matmul_rmsnorm_split_n(a, b, w, eps=float("nan"))
+
+
+@pytest.mark.ref_mode
+def test_both_interpret_modes_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    a, b, *_ = _gemm_inputs()
+    with pytest.raises(ValueError, match="both set; Helion runs one interpreter at a time"):
+        hk.matmul(a, b)

@@ -129,16 +129,19 @@ def test_compiles_with_fullgraph(kind):
     torch.testing.assert_close(torch.compile(module, fullgraph=True, backend=backend)(x), module(x))
 
 
-@pytest.mark.cuda
+@ON_DEVICE
+@pytest.mark.parametrize("eps", [None, 1e-5], ids=["eps_none", "eps_1e-5"])
 @pytest.mark.parametrize("kind", KINDS)
-def test_autocast_with_fp32_parameters(kind):
-    """fp32 parameters under bf16 autocast: the pair's output dtype, close values, fp32
+def test_autocast_with_fp32_parameters(kind, eps):
+    """fp32 parameters under bf16 autocast (on the device at hand; CPU and CUDA autocast
+    differ on which norms they run in fp32): the pair's output dtype, close values, fp32
     gradients."""
-    pair = _pair(kind, 256, 128, kind == "RMSNormLinear", None if kind != "LinearLayerNorm" else 1e-5,
-                 torch.float32, seed=6)
+    if kind == "LinearLayerNorm" and eps is None:
+        eps = 1e-6  # nn.LayerNorm has no eps=None
+    pair = _pair(kind, 256, 128, kind == "RMSNormLinear", eps, torch.float32, seed=6)
     module = _module(kind, pair)
-    x = torch.randn(4, 64, 256, device="cuda")
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    x = torch.randn(4, 64, 256, device=DEVICE)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
         ours, theirs = module(x), pair(x)
     assert ours.dtype == theirs.dtype
     check_outputs(ours, theirs.float(), torch.bfloat16)

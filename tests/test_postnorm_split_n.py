@@ -152,7 +152,7 @@ def test_specs_registered():
     assert get_spec("matmul_layernorm_split_n") is row_sweep.SPEC_LAYERNORM
     assert get_spec("matmul_rmsnorm_split_n") is row_sweep.SPEC_RMSNORM
     assert row_sweep.SPEC_LAYERNORM.name == "matmul_layernorm_split_n"
-    with pytest.warns(DeprecationWarning, match="'matmul_rmsnorm_row_sweep' is deprecated"):
+    with pytest.warns(FutureWarning, match="'matmul_rmsnorm_row_sweep' is deprecated"):
         assert get_spec("matmul_rmsnorm_row_sweep") is row_sweep.SPEC_RMSNORM
     assert "technique 3" in row_sweep.SPEC_RMSNORM.technique
 

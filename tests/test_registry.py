@@ -218,15 +218,15 @@ def test_more_corrupt_files(registry_dir, content):
 
 def test_attention_entries_round_trip_and_resolve(registry_dir):
     """Attention kernels are keyed by (H, D, dtype); lookup never crosses key kinds."""
-    registry.save_entry("fna", "g", Entry(AttentionShape(2, 128), "bfloat16", CFG_A, {"latency_ms": 1.0}))
-    registry.save_entry("fna", "g", Entry(AttentionShape(8, 128), "bfloat16", CFG_B))
-    entries = registry.entries_for("fna", "g")
+    registry.save_entry("fna", "g_sm90", Entry(AttentionShape(2, 128), "bfloat16", CFG_A, {"latency_ms": 1.0}))
+    registry.save_entry("fna", "g_sm90", Entry(AttentionShape(8, 128), "bfloat16", CFG_B))
+    entries = registry.entries_for("fna", "g_sm90")
     assert set(entries) == {(2, 128, "bfloat16"), (8, 128, "bfloat16")}
     assert entries[(2, 128, "bfloat16")].shape == AttentionShape(2, 128)
     assert entries[(2, 128, "bfloat16")].meta == {"latency_ms": 1.0}
-    assert registry.lookup("fna", AttentionShape(8, 128), torch.bfloat16, "g").source == "exact"
+    assert registry.lookup("fna", AttentionShape(8, 128), torch.bfloat16, "g_sm90").source == "exact"
     with pytest.warns(ConfigFallbackWarning, match=r"H4xD128 .* --kernel fna --workload fna --where 'H == 4 and D == 128'"):
-        near = registry.lookup("fna", AttentionShape(4, 128), torch.bfloat16, "g")
+        near = registry.lookup("fna", AttentionShape(4, 128), torch.bfloat16, "g_sm90")
     assert near.source == "nearest" and near.entry.shape == AttentionShape(8, 128)  # tie: larger
     assert registry.nearest_entry(entries, Shape(1, 2, 3), "bfloat16") is None
 
@@ -237,3 +237,10 @@ def test_entry_without_a_key_is_a_corrupt_file(registry_dir):
     path.write_text('{"format": 1, "entries": [{"H": 2, "dtype": "bfloat16", "config": {"block_sizes": [16]}}]}')
     with pytest.raises(RegistryError, match="entry without a key"):
         registry.entries_for("k", "g")
+
+
+def test_no_tuning_advice_for_the_cpu(registry_dir):
+    """Configs are tuned per GPU: on the CPU (an interpreter run) the warning says so instead
+    of printing an autotune command that cannot run there."""
+    with pytest.warns(ConfigFallbackWarning, match="Tune with: nothing: configs are tuned per GPU"):
+        registry.lookup("k", Shape(8, 8, 8), torch.float32, "cpu")

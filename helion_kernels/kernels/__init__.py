@@ -15,22 +15,21 @@ from . import cpu_reference_mode
 
 cpu_reference_mode.install()  # a no-op unless HELION_INTERPRET is set
 
-# op / registry / --kernel name -> (module, spec attribute, technique)
-CATALOG: dict[str, tuple[str, str, str]] = {
-    "matmul": ("matmul", "SPEC", "plain Helion GEMM (the baseline of the blog's metric)"),
-    "rmsnorm_matmul": ("rmsnorm_matmul", "SPEC", "deferred pre-norm: rms_norm(a) @ b (technique 2)"),
-    "matmul_layernorm": ("postnorm_full_row", "SPEC_LAYERNORM",
+# op / registry / --kernel name -> (module, spec attribute, workload kind, technique)
+CATALOG: dict[str, tuple[str, str, str, str]] = {
+    "matmul": ("matmul", "SPEC", "gemm", "plain Helion GEMM (the baseline of the blog's metric)"),
+    "rmsnorm_matmul": ("rmsnorm_matmul", "SPEC", "gemm", "deferred pre-norm: rms_norm(a) @ b (technique 2)"),
+    "matmul_layernorm": ("postnorm_full_row", "SPEC_LAYERNORM", "gemm",
                          "full-row post-norm: layer_norm(a @ b), N <= 2048 (technique 1)"),
-    "matmul_rmsnorm": ("postnorm_full_row", "SPEC_RMSNORM",
+    "matmul_rmsnorm": ("postnorm_full_row", "SPEC_RMSNORM", "gemm",
                        "full-row post-norm: rms_norm(a @ b), N <= 2048 (technique 1)"),
-    "matmul_layernorm_split_n": ("postnorm_split_n", "SPEC_LAYERNORM",
-                                 "split-N post-norm, row sweep: layer_norm(a @ b), any N (technique 3)"),
-    "matmul_rmsnorm_split_n": ("postnorm_split_n", "SPEC_RMSNORM",
-                               "split-N post-norm, row sweep: rms_norm(a @ b), any N (technique 3)"),
-    "matmul_rmsnorm_matmul": ("postnorm_deferred", "SPEC",
-                              "rms_norm(a @ b) @ c, the norm deferred into the next GEMM (technique 3); "
-                              "tunes the first GEMM"),
-    "flash_norm_attention": ("flash_norm_attention", "SPEC",
+    "matmul_layernorm_split_n": ("postnorm_split_n", "SPEC_LAYERNORM", "gemm",
+                                 "split-N post-norm (row sweep): layer_norm(a @ b), any N (technique 3)"),
+    "matmul_rmsnorm_split_n": ("postnorm_split_n", "SPEC_RMSNORM", "gemm",
+                               "split-N post-norm (row sweep): rms_norm(a @ b), any N (technique 3)"),
+    "matmul_rmsnorm_matmul": ("postnorm_deferred", "SPEC", "gemm",
+                              "rms_norm(a @ b) @ c, norm deferred to the next GEMM; tunes the first GEMM"),
+    "flash_norm_attention": ("flash_norm_attention", "SPEC", "attention",
                              "FlashNormAttention on jagged GDPA (technique 4)"),
 }
 
@@ -42,15 +41,15 @@ DEPRECATED = {
 
 
 def canonical_name(name: str) -> str:
-    """``name``, or the current name of a deprecated one (with a DeprecationWarning).
+    """``name``, or the current name of a deprecated one (with a FutureWarning).
 
     Raises:
         ValueError: an unknown name, listing the known ones.
     """
     if name in DEPRECATED:
         new = DEPRECATED[name]
-        warnings.warn(f"kernel name {name!r} is deprecated; it is now {new!r}", DeprecationWarning,
-                      stacklevel=2)
+        # FutureWarning: shown by default (a DeprecationWarning is hidden outside __main__).
+        warnings.warn(f"kernel name {name!r} is deprecated; it is now {new!r}", FutureWarning, stacklevel=2)
         return new
     if name not in CATALOG:
         raise ValueError(f"unknown kernel {name!r}; known kernels: {', '.join(sorted(CATALOG))}")
@@ -63,7 +62,7 @@ def get_spec(name: str) -> KernelSpec:
     Raises:
         ValueError: an unknown name, listing the known ones.
     """
-    module, attr, _ = CATALOG[canonical_name(name)]
+    module, attr, _, _ = CATALOG[canonical_name(name)]
     return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
 
 

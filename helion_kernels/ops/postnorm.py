@@ -37,7 +37,7 @@ def use_fused(spec, args: tuple, fused: bool | None = None) -> bool:
         TypeError: ``fused`` is not None, True or False.
         ValueError: ``fused=True`` and N is past the full-row limit.
     """
-    checks.fused_flag(fused)
+    checks.fused_flag(spec.name, fused)
     a, b = args[0], args[1]
     n = b.shape[1]
     device = a.device if a.is_cuda else None
@@ -245,7 +245,8 @@ def matmul_layernorm(
     op = "matmul_layernorm"
     checks.gemm_operands(op, a, b)
     eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight, bias=bias)
-    checks.fused_flag(fused)
+    checks.fused_flag(op, fused)
+    checks.flag(op, "return_stats", return_stats)
     runtime.check_runnable(op, a.device)
     y, mean, rstd = _LAYERNORM(a, b, weight, bias, eps, return_stats, fused)
     return (y, mean, rstd) if return_stats else y
@@ -285,7 +286,8 @@ def matmul_rmsnorm(
     op = "matmul_rmsnorm"
     checks.gemm_operands(op, a, b)
     eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight)
-    checks.fused_flag(fused)
+    checks.fused_flag(op, fused)
+    checks.flag(op, "return_rstd", return_rstd)
     runtime.check_runnable(op, a.device)
     y, rstd = _RMSNORM(a, b, weight, eps, return_rstd, fused)
     return (y, rstd) if return_rstd else y

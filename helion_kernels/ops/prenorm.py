@@ -117,6 +117,7 @@ def rmsnorm_matmul(
     op = "rmsnorm_matmul"
     checks.gemm_operands(op, a, b)
     eps = checks.norm_params(op, a, a.shape[1], eps, dim="K", weight=weight)  # the norm is over K
+    checks.flag(op, "return_rstd", return_rstd)
     runtime.check_runnable(op, a.device)
     if weight is not None:
         b = fold_rmsnorm_weight(weight, b)

@@ -94,6 +94,7 @@ def matmul_layernorm_split_n(
     op = "matmul_layernorm_split_n"
     checks.gemm_operands(op, a, b)
     eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight, bias=bias)
+    checks.flag(op, "return_stats", return_stats)
     runtime.check_runnable(op, a.device)
     y, mean, rstd = _LAYERNORM(a, b, weight, bias, eps)
     return (y, mean, rstd) if return_stats else y
@@ -118,6 +119,7 @@ def matmul_rmsnorm_split_n(
     op = "matmul_rmsnorm_split_n"
     checks.gemm_operands(op, a, b)
     eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight)
+    checks.flag(op, "return_rstd", return_rstd)
     runtime.check_runnable(op, a.device)
     y, rstd = _RMSNORM(a, b, weight, eps)
     return (y, rstd) if return_rstd else y
