@@ -5,10 +5,10 @@ as the regression target), AdamW, fp32 parameters under bf16 autocast, 300 steps
 model holds the very pairs' modules of a deep copy (``from_modules``), so only the kernels
 differ. Checked: final losses within 1% of each other and no step's losses more than 2% apart.
 
-    python bench/training_run.py [--steps 300] [--out DIR]
+    python bench/training_run.py [--steps 300] [--lr 1e-3] [--out DIR]
 
-Writes ``training_run.{csv,md}`` to ``bench/results/<gpu>/`` (or ``--out``); exits 1 if a
-check fails.
+Writes ``training_run_lr<lr>.{csv,md}`` to ``bench/results/<gpu>/`` (or ``--out``); exits 1 if
+a check fails.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ def fused_mlp(pairs: nn.Sequential) -> nn.Sequential:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -58,7 +59,7 @@ def main() -> int:
     reference = unfused_mlp().cuda()
     models = {"unfused": reference, "fused": fused_mlp(copy.deepcopy(reference))}
     teacher = nn.Sequential(nn.Linear(WIDTH, 256), nn.Tanh(), nn.Linear(256, 1)).cuda()
-    optims = {k: torch.optim.AdamW(m.parameters(), lr=1e-3) for k, m in models.items()}
+    optims = {k: torch.optim.AdamW(m.parameters(), lr=args.lr) for k, m in models.items()}
     gen = torch.Generator(device="cuda").manual_seed(1)
     rows, t0 = [], time.perf_counter()
     for step in range(args.steps):
@@ -83,19 +84,20 @@ def main() -> int:
     device = torch.device("cuda")
     out_dir = args.out or Path(__file__).resolve().parent / "results" / registry.gpu_key(device)
     out_dir.mkdir(parents=True, exist_ok=True)
-    df.to_csv(out_dir / "training_run.csv", index=False, float_format="%.6g")
+    stem = f"training_run_lr{args.lr:g}"
+    df.to_csv(out_dir / f"{stem}.csv", index=False, float_format="%.6g")
     head = [f"# Training run on {torch.cuda.get_device_name(device)}", "",
-            f"- command: `python bench/training_run.py --steps {args.steps}`",
+            f"- command: `python bench/training_run.py --steps {args.steps} --lr {args.lr:g}`",
             f"- versions: {', '.join(f'{k} {v}' for k, v in versions().items())}",
             f"- model: RMSNormLinear({WIDTH}->{HIDDEN}), GELU, LinearLayerNorm({HIDDEN}->{WIDTH}), GELU, "
             f"LinearRMSNorm({WIDTH}->{OUT}), Linear({OUT}->1) against the same nn.RMSNorm/nn.Linear/nn.LayerNorm "
-            f"pairs; batch {BATCH}, AdamW lr 1e-3, fp32 parameters, bf16 autocast; {time.perf_counter() - t0:.0f} s",
+            f"pairs; batch {BATCH}, AdamW lr {args.lr:g}, fp32 parameters, bf16 autocast; {time.perf_counter() - t0:.0f} s",
             f"- largest per-step relative difference {df['rel_diff'].max():.4f} (step {int(df['rel_diff'].idxmax())}); "
             f"final losses {final['fused_loss']:.6g} (fused) and {final['unfused_loss']:.6g} (unfused), "
             f"difference {final['rel_diff']:.4f}",
             *(f"- check: {name}: {'PASS' if ok else 'FAIL'}" for name, ok in checks.items()), ""]
     shown = df.iloc[list(range(0, len(df), max(1, len(df) // 20))) + [len(df) - 1]].drop_duplicates()
-    (out_dir / "training_run.md").write_text("\n".join(head) + "\n" + shown.to_markdown(index=False, floatfmt=".5g") + "\n")
+    (out_dir / f"{stem}.md").write_text("\n".join(head) + "\n" + shown.to_markdown(index=False, floatfmt=".5g") + "\n")
     print("\n".join(head))
     return 0 if all(checks.values()) else 1
 
