@@ -8,8 +8,8 @@ with fp32 parameters: the GEMM runs in the autocast dtype (statistics are fp32 i
 and the output dtype is the one the pair's norm gives under the same autocast state, asked of
 torch itself once per state (on CUDA autocast runs ``layer_norm`` in fp32, so
 ``LinearLayerNorm`` returns fp32 there, as the pair does; ``rms_norm`` is not on that list
-in torch 2.11). ``nn.RMSNorm(eps=None)`` keeps its meaning: the machine epsilon of the dtype
-the norm computes in. Gradients land in the parameters' dtype.
+in torch 2.11). ``nn.RMSNorm(eps=None)`` keeps its meaning: the epsilon of the dtype torch's
+``rms_norm`` computes in (fp32 for bf16 inputs too). Gradients land in the parameters' dtype.
 
 The kernels read ``nn.Linear``'s [N, K] weight as its transposed view; an RMSNorm weight in
 front of the GEMM is folded into it once per call (a [K, N] temporary, never a second
@@ -66,7 +66,10 @@ _NORM_DTYPES: dict[tuple, torch.dtype] = {}
 
 
 def _eps(norm: nn.Module, dtype: torch.dtype) -> float:
-    return norm.eps if norm.eps is not None else torch.finfo(dtype).eps
+    """The norm's eps; for ``eps=None`` what torch's ``rms_norm`` uses: the epsilon of the
+    dtype it computes in (fp32 for bf16/fp16/fp32 inputs, float64 for float64), not of the
+    input dtype."""
+    return norm.eps if norm.eps is not None else torch.finfo(torch.promote_types(dtype, torch.float32)).eps
 
 
 class _NormLinearPair(nn.Module):

@@ -4,6 +4,8 @@ autocast (CUDA), torch.compile."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -68,6 +70,24 @@ def test_matches_the_pair_forward_and_backward(kind, eps, dtype, bias):
     assert set(got) == set(expected)
     for name, g in got.items():
         check_outputs(g, expected[name], dtype, tolerance=GRAD_TOLERANCE[dtype])
+
+
+@ON_DEVICE
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kind", ["RMSNormLinear", "LinearRMSNorm"])
+def test_eps_none_on_small_activations(kind, dtype):
+    """``nn.RMSNorm(eps=None)`` adds the epsilon of the dtype rms_norm computes in (fp32 for
+    bf16 too, against its docstring's finfo(x.dtype)); with rows of small mean square a bf16
+    epsilon (0.0078) would shift the output far past the tolerance."""
+    pair = _pair(kind, 48, 40, False, None, dtype, seed=7)
+    with torch.no_grad():
+        for p in pair.parameters():
+            if p.dim() == 2:
+                p.mul_(0.05)  # small pre-norm activations for the post-norm pair
+    x = (0.01 * torch.randn(6, 48, device=DEVICE)).to(dtype)
+    ours = _module(kind, pair)(x)
+    reference = copy.deepcopy(pair).float()(x.float())  # eps=None: fp32's epsilon, as for bf16
+    check_outputs(ours, reference, dtype)
 
 
 @ON_DEVICE
