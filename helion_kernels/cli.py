@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
 def _problems(args: argparse.Namespace) -> list:
     """The rows to tune or benchmark: ``--shape`` or ``--workload`` [``--where``], checked
     against the kernel's workload kind (read off the catalog: Helion is not imported yet)."""
-    kind = CATALOG[args.kernel][2]
+    kind = CATALOG[args.kernel].workload
     if getattr(args, "shape", None):
         if kind != "gemm":
             raise ValueError(f"{args.kernel} is tuned on {kind} workload rows (sequence lengths), not "
@@ -205,8 +205,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_list(args: argparse.Namespace) -> int:
     print("kernels (op = registry file = --kernel):")
-    for name, (_, _, _, technique) in CATALOG.items():
-        print(f"  {name:26} {technique}")
+    for name, entry in CATALOG.items():
+        print(f"  {name:26} {entry.technique}")
     for old, new in DEPRECATED.items():
         print(f"  {old:26} deprecated name of {new}")
     print("workloads:")

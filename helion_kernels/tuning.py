@@ -28,7 +28,7 @@ import torch
 from . import registry
 from .spec import KernelSpec, Problem
 from .timing import time_ms
-from .verify import check_outputs, verify_config
+from .verify import check_outputs, comparable, verify_config
 
 EFFORTS = ("quick", "full")
 
@@ -177,7 +177,7 @@ def tuning_kernel(spec: KernelSpec, seeds: list, dtype: torch.dtype, options: Tu
 
 def _accuracy_check(output, baseline, spec: KernelSpec, dtype: torch.dtype) -> None:
     """Helion's per-candidate accuracy hook: the same bar as the final check."""
-    check_outputs(output if spec.compare_outputs is None else spec.compare_outputs(output), baseline, dtype)
+    check_outputs(comparable(spec, output), baseline, dtype)
 
 
 def tune(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype, options: TuneOptions,

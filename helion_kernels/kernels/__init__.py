@@ -9,14 +9,24 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from typing import NamedTuple
 
 from ..spec import KernelSpec
 from . import cpu_reference_mode
 
 cpu_reference_mode.install()  # a no-op unless HELION_INTERPRET is set
 
-# op / registry / --kernel name -> (module, spec attribute, workload kind, technique)
-CATALOG: dict[str, tuple[str, str, str, str]] = {
+class CatalogEntry(NamedTuple):
+    """Where an op's spec lives, and what the CLI says of it without importing Helion."""
+
+    module: str  # under helion_kernels.kernels
+    attr: str  # the KernelSpec's name in that module
+    workload: str  # "gemm" or "attention": the workload tables it is tuned on
+    technique: str
+
+
+# op / registry / --kernel name -> its catalog entry
+CATALOG: dict[str, CatalogEntry] = {name: CatalogEntry(*entry) for name, entry in {
     "matmul": ("matmul", "SPEC", "gemm", "plain Helion GEMM (the baseline of the blog's metric)"),
     "rmsnorm_matmul": ("rmsnorm_matmul", "SPEC", "gemm", "deferred pre-norm: rms_norm(a) @ b (technique 2)"),
     "matmul_layernorm": ("postnorm_full_row", "SPEC_LAYERNORM", "gemm",
@@ -31,7 +41,7 @@ CATALOG: dict[str, tuple[str, str, str, str]] = {
                               "rms_norm(a @ b) @ c, norm deferred to the next GEMM; tunes the first GEMM"),
     "flash_norm_attention": ("flash_norm_attention", "SPEC", "attention",
                              "FlashNormAttention on jagged GDPA (technique 4)"),
-}
+}.items()}
 
 # Old --kernel / registry names, kept as aliases that warn.
 DEPRECATED = {
@@ -62,8 +72,8 @@ def get_spec(name: str) -> KernelSpec:
     Raises:
         ValueError: an unknown name, listing the known ones.
     """
-    module, attr, _, _ = CATALOG[canonical_name(name)]
-    return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    entry = CATALOG[canonical_name(name)]
+    return getattr(importlib.import_module(f"{__name__}.{entry.module}"), entry.attr)
 
 
-__all__ = ["CATALOG", "DEPRECATED", "canonical_name", "get_spec"]
+__all__ = ["CATALOG", "DEPRECATED", "CatalogEntry", "canonical_name", "get_spec"]
