@@ -88,6 +88,23 @@ def _peak_mib(fn) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
+def _paths(layer: str, fused: nn.Module, x: torch.Tensor) -> tuple[str, str]:
+    """(forward path, backward path) the fused module takes at this shape, as the ops decide."""
+    from helion_kernels.kernels import postnorm_full_row
+    from helion_kernels.ops import postnorm, prenorm
+
+    w = fused.linear.weight.detach()
+    if layer == "rmsnorm_linear":
+        backward = prenorm.use_fused_backward((x.detach(), w.t()), None)
+        return "fused kernel", ("fused dgrad kernel + cuBLAS wgrad" if backward
+                                else "cuBLAS GEMMs + inductor norm backward")
+    spec = postnorm_full_row.SPEC_LAYERNORM if layer == "linear_layernorm" else postnorm_full_row.SPEC_RMSNORM
+    params = (fused.norm.weight, fused.norm.bias) if layer == "linear_layernorm" else (fused.norm.weight,)
+    forward = postnorm.use_fused(spec, (x.detach(), w.t(), *params, 1e-5))
+    return (("fused kernel" if forward else "cuBLAS + inductor norm") + " (writes a @ b)",
+            "inductor norm backward on the kept a @ b + cuBLAS GEMMs")
+
+
 def bench_row(layer: str, m: int, k: int, n: int) -> dict:
     from triton.testing import do_bench
 
@@ -119,6 +136,7 @@ def bench_row(layer: str, m: int, k: int, n: int) -> dict:
     steps["fused_compiled"] = _step(torch.compile(fused), x, dy)
 
     row = {"layer": layer, "M": m, "K": k, "N": n}
+    row["forward_path"], row["backward_path"] = _paths(layer, fused, x)
     # Correctness: every gradient of the fused step against the compiled pair's.
     steps["compiled"]()
     expected = [x.grad.clone(), *(p.grad.clone() for p in pair.parameters())]

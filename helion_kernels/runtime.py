@@ -79,12 +79,15 @@ def _helion_config(config: dict):
 def resolve_entry(spec: KernelSpec, found: registry.Lookup, args: tuple):
     """The ``helion.Config`` of a registry lookup for ``args``: the entry's (or the spec's
     default), made portable (``spec.portable_config``) and, unless tuned at this exact shape
-    on this GPU, fitted to the call (``spec.fit_config``)."""
+    on this GPU, fitted to the call (``spec.fit_config``), then adapted to what the call adds
+    (``spec.call_config``)."""
     config = spec.default_config if found.entry is None else _helion_config(found.entry.config)
     if spec.portable_config is not None:
         config = spec.portable_config(config)
     if spec.fit_config is not None and found.source != "exact":
         config = spec.fit_config(config, args)
+    if spec.call_config is not None:
+        config = spec.call_config(config, args)
     return config
 
 

@@ -141,6 +141,9 @@ class KernelSpec:
         fit_config: ``(config, args) -> config`` applied to a config that was not tuned at
             the call's exact shape on this GPU before it is compiled (e.g. fewer pipeline
             stages for a wider whole-row tile). None: used as it is.
+        call_config: ``(config, args) -> config`` applied to every config (tuned at this
+            shape or not) before it is compiled for a call, for what the call adds to the
+            tuned kernel (e.g. an optional output's store slot in ``indexing``).
         compare_outputs: ``outputs -> outputs`` applied to the kernel's outputs before they
             are compared with the reference's (e.g. tile partials summed to a row total).
     """
@@ -167,6 +170,7 @@ class KernelSpec:
     portable_config: Callable[["helion.Config"], "helion.Config"] | None = None
     fit_config: Callable[["helion.Config", tuple], "helion.Config"] | None = None
     compare_outputs: Callable[[tuple], tuple] | None = None
+    call_config: Callable[["helion.Config", tuple], "helion.Config"] | None = None
 
 
 def random_gemm_operands(

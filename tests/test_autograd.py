@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import helion_kernels as hk
-from helion_kernels.ops import _grad, postnorm, prenorm, split_n
+from helion_kernels import grads as _grad
+from helion_kernels.ops import postnorm, prenorm, split_n
 from helion_kernels.verify import check_outputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -50,6 +51,14 @@ OPS = {
     "matmul": (lambda x: hk.matmul(x["a"], x["b"]), lambda x: x["a"] @ x["b"]),
     "rmsnorm_matmul": (lambda x: hk.rmsnorm_matmul(x["a"], x["b"], x["wk"], EPS),
                        lambda x: F.rms_norm(x["a"], (x["a"].shape[1],), x["wk"], EPS) @ x["b"]),
+    # fused=True: the dgrad kernel in the backward; fused=False: cuBLAS + the norm's backward.
+    "rmsnorm_matmul_fused": (lambda x: hk.rmsnorm_matmul(x["a"], x["b"], x["wk"], EPS, fused=True),
+                             lambda x: F.rms_norm(x["a"], (x["a"].shape[1],), x["wk"], EPS) @ x["b"]),
+    "rmsnorm_matmul_unfused": (lambda x: hk.rmsnorm_matmul(x["a"], x["b"], x["wk"], EPS, fused=False),
+                               lambda x: F.rms_norm(x["a"], (x["a"].shape[1],), x["wk"], EPS) @ x["b"]),
+    "matmul_layernorm_fused": (
+        lambda x: hk.matmul_layernorm(x["a"], x["b"], x["w"], x["bias"], EPS, fused=True),
+        lambda x: F.layer_norm(x["a"] @ x["b"], (x["b"].shape[1],), x["w"], x["bias"], EPS)),
     "matmul_layernorm": (lambda x: hk.matmul_layernorm(x["a"], x["b"], x["w"], x["bias"], EPS),
                          lambda x: F.layer_norm(x["a"] @ x["b"], (x["b"].shape[1],), x["w"], x["bias"], EPS)),
     "matmul_layernorm_unfused": (
@@ -127,15 +136,55 @@ def test_statistics_are_not_differentiable():
     assert c.requires_grad and not r.requires_grad
 
 
-def test_backward_is_deterministic():
+@pytest.mark.parametrize(("name", "keys"), [("matmul_layernorm_fused", ("a", "b", "w", "bias")),
+                                            ("rmsnorm_matmul_fused", ("a", "b", "wk"))])
+def test_backward_is_deterministic(name, keys):
     """The same inputs give the same gradient bits (fp32 sums over rows, no atomics)."""
     runs = []
     for _ in range(2):
         leaves = _leaves(64, 64, 128, 64, torch.bfloat16, seed=6)
-        hk.matmul_layernorm(leaves["a"], leaves["b"], leaves["w"], leaves["bias"]).float().pow(2).sum().backward()
-        runs.append([leaves[k].grad for k in ("a", "b", "w", "bias")])
+        OPS[name][0](leaves).float().pow(2).sum().backward()
+        runs.append([leaves[k].grad for k in keys])
     for x, y in zip(*runs):
         assert torch.equal(x, y)
+
+
+def test_backward_dispatch(monkeypatch):
+    """fused=True runs the dgrad kernel in the backward, fused=False neither kernel,
+    fused=None the fused forward and (in reference mode, which has no registry decisions)
+    the fused backward."""
+    seen = []
+    real = prenorm.runtime.launch
+    monkeypatch.setattr(prenorm.runtime, "launch", lambda spec, args: seen.append(spec.name) or real(spec, args))
+    both = ["rmsnorm_matmul", "rmsnorm_matmul_backward"]
+    for fused, expected in ((None, both), (True, both), (False, [])):
+        seen.clear()
+        x = _leaves(9, 24, 20, 12, torch.float32, seed=1)
+        hk.rmsnorm_matmul(x["a"], x["b"], x["wk"], fused=fused).sum().backward()
+        assert seen == expected, fused
+
+
+@pytest.mark.parametrize("choice", ["fused", "unfused"])
+def test_backward_follows_the_registry(choice, registry_dir, monkeypatch):
+    """Outside reference mode, fused=None reads the dispatch decision tuning recorded."""
+    import helion
+
+    from helion_kernels import registry, runtime
+    from helion_kernels.kernels.rmsnorm_matmul_backward import SPEC
+    from helion_kernels.spec import Shape
+
+    monkeypatch.setattr(runtime, "reference_mode", lambda kernel: False)
+    runtime.clear_cache()
+    args = SPEC.make_args(Shape(9, 24, 20), torch.float32, "cpu", 0)
+    meta = {"dispatch": {"choice": choice, "fused_ms": 1.0, "unfused_ms": 2.0,
+                         "unfused": SPEC.dispatch_baseline}}
+    registry.save_entry(SPEC.name, registry.gpu_key(args[0].device),
+                        registry.Entry(Shape(9, 24, 20), "float32", helion.Config(block_sizes=[16, 16, 16, 16]), meta))
+    try:
+        assert prenorm.use_fused_backward(args, None) is (choice == "fused")
+        assert prenorm.use_fused_backward(args, True) and not prenorm.use_fused_backward(args, False)
+    finally:
+        runtime.clear_cache()
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -165,9 +214,12 @@ def _opcheck_cases():
     x = _leaves(9, 24, 20, 12, torch.float32, seed=8)
     a, b, c, w, bias = x["a"], x["b"], x["c"], x["w"], x["bias"]
     return [
-        ("matmul_layernorm", postnorm._LAYERNORM, (a, b, w, bias, EPS, True, None)),
-        ("matmul_rmsnorm", postnorm._RMSNORM, (a, b, w, EPS, True, False)),
-        ("rmsnorm_matmul", prenorm._OP, (a, b, EPS)),
+        ("matmul_layernorm", postnorm._LAYERNORM, (a, b, w, bias, EPS, True, None, True)),
+        ("matmul_layernorm_unfused", postnorm._LAYERNORM, (a, b, w, bias, EPS, False, False, True)),
+        ("matmul_rmsnorm", postnorm._RMSNORM, (a, b, w, EPS, True, False, True)),
+        ("matmul_rmsnorm_fused", postnorm._RMSNORM, (a, b, w, EPS, False, True, True)),
+        ("rmsnorm_matmul", prenorm._OP, (a, b, EPS, None)),
+        ("rmsnorm_matmul_unfused", prenorm._OP, (a, b, EPS, False)),
         ("matmul_layernorm_split_n", split_n._LAYERNORM, (a, b, w, bias, EPS)),
         ("matmul_rmsnorm_matmul", split_n._DEFERRED, (a, b, c, EPS)),
     ]
@@ -198,7 +250,7 @@ class _PostNorm(torch.autograd.Function):
     """float64 forward of ``norm(a @ b) * w + bias`` with the ops' backward formula."""
 
     @staticmethod
-    def forward(ctx, kind, a, b, w, bias):
+    def forward(ctx, kind, saved, a, b, w, bias):
         cc = a @ b
         if kind == "layernorm":
             var, mean = torch.var_mean(cc, dim=1, correction=0)
@@ -207,15 +259,17 @@ class _PostNorm(torch.autograd.Function):
         else:
             mean, rstd = None, torch.rsqrt(cc.pow(2).mean(dim=1) + EPS)
             y = cc * rstd[:, None]
-        ctx.kind = kind
-        ctx.save_for_backward(a, b, w, bias, mean, rstd)
+        ctx.kind, ctx.saved = kind, saved
+        ctx.save_for_backward(a, b, w, bias, cc, mean, rstd)
         return y * w + (bias if bias is not None else 0)
 
     @staticmethod
     def backward(ctx, dy):
-        a, b, w, bias, _, _ = ctx.saved_tensors
+        """With the forward's product and statistics (``saved``), or recomputing them."""
+        a, b, w, bias, cc, mean, rstd = ctx.saved_tensors
         needs = (True, True, True, bias is not None)
-        return (None, *_grad.postnorm_grads(ctx.kind, a, b, w, bias, EPS, dy, needs))
+        kept = (cc, mean, rstd) if ctx.saved else None
+        return (None, None, *_grad.postnorm_grads(ctx.kind, a, b, w, bias, EPS, dy, needs, kept))
 
 
 class _PreNorm(torch.autograd.Function):
@@ -233,12 +287,14 @@ class _PreNorm(torch.autograd.Function):
 class _Deferred(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, c):
-        ctx.save_for_backward(a, b, c)
-        return F.rms_norm(a @ b, (b.shape[1],), None, EPS) @ c
+        x = a @ b
+        rstd = torch.rsqrt(x.pow(2).mean(dim=1) + EPS)
+        ctx.save_for_backward(a, b, c, x, rstd)
+        return F.rms_norm(x, (b.shape[1],), None, EPS) @ c
 
     @staticmethod
     def backward(ctx, dout):
-        return _grad.deferred_grads(*ctx.saved_tensors, EPS, dout, (True, True, True))
+        return _grad.deferred_grads(*ctx.saved_tensors, dout, (True, True, True))
 
 
 @pytest.mark.ref_mode  # float64 on the CPU, whatever the session
@@ -249,8 +305,10 @@ def test_gradcheck_backward_formulas():
         return torch.randn(*shape, generator=gen, dtype=torch.float64).requires_grad_()
 
     a, b, c, w, bias = t(3, 5), t(5, 4), t(4, 2), t(4), t(4)
-    assert torch.autograd.gradcheck(lambda a, b, w, bias: _PostNorm.apply("layernorm", a, b, w, bias), (a, b, w, bias))
-    assert torch.autograd.gradcheck(lambda a, b, w: _PostNorm.apply("rmsnorm", a, b, w, None), (a, b, w))
+    for saved in (True, False):
+        assert torch.autograd.gradcheck(lambda a, b, w, bias: _PostNorm.apply("layernorm", saved, a, b, w, bias),
+                                        (a, b, w, bias))
+        assert torch.autograd.gradcheck(lambda a, b, w: _PostNorm.apply("rmsnorm", saved, a, b, w, None), (a, b, w))
     assert torch.autograd.gradcheck(_PreNorm.apply, (a, b))
     assert torch.autograd.gradcheck(_Deferred.apply, (a, b, c))
     dc = t(3, 4).detach()

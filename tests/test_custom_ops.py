@@ -43,10 +43,13 @@ def _op_cases():
     q, k, v, qo, ko, (lw, lb, rw) = _jagged_inputs()
     return [
         ("matmul", gemm._OP, (a, b)),
-        ("rmsnorm_matmul", prenorm._OP, (a, b.t().contiguous().t(), 1e-5)),
-        ("matmul_layernorm", postnorm._LAYERNORM, (a, b, w, bias, 1e-5, True, None)),
-        ("matmul_layernorm_unfused", postnorm._LAYERNORM, (a, b, w, None, 1e-5, False, False)),
-        ("matmul_rmsnorm", postnorm._RMSNORM, (a, b, w, 1e-5, True, True)),
+        ("rmsnorm_matmul", prenorm._OP, (a, b.t().contiguous().t(), 1e-5, None)),
+        ("rmsnorm_matmul_backward", prenorm._DGRAD, (a, b, torch.randn(a.shape[0], b.shape[1], device=DEVICE),
+                                                     torch.rand(a.shape[0], device=DEVICE) + 0.5, True)),
+        ("matmul_layernorm", postnorm._LAYERNORM, (a, b, w, bias, 1e-5, True, None, False)),
+        ("matmul_layernorm_unfused", postnorm._LAYERNORM, (a, b, w, None, 1e-5, False, False, False)),
+        ("matmul_layernorm_kept", postnorm._LAYERNORM, (a, b, w, bias, 1e-5, False, True, True)),
+        ("matmul_rmsnorm", postnorm._RMSNORM, (a, b, w, 1e-5, True, True, False)),
         ("matmul_layernorm_split_n", split_n._LAYERNORM, (a, b, w, bias, 1e-5)),
         ("matmul_rmsnorm_split_n", split_n._RMSNORM, (a, b, None, 1e-5)),
         ("matmul_rmsnorm_matmul", split_n._DEFERRED, (a, b, c, 1e-5)),

@@ -389,6 +389,7 @@ SPEC_LAYERNORM = dataclasses.replace(
     dispatch_baseline=None,
     portable_config=None,
     fit_config=None,
+    call_config=None,
 )
 SPEC_RMSNORM = dataclasses.replace(
     _full_row.SPEC_RMSNORM,
@@ -401,6 +402,7 @@ SPEC_RMSNORM = dataclasses.replace(
     dispatch_baseline=None,
     portable_config=None,
     fit_config=None,
+    call_config=None,
 )
 
 

@@ -58,9 +58,11 @@ def matmul_layernorm_kernel(
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
+    product: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``layer_norm(a @ b, (N,), weight, bias, eps)`` -> (c [M, N] in ``a.dtype``,
-    mean [M] fp32, rstd [M] fp32); fp32 accumulation and statistics.
+    mean [M] fp32, rstd [M] fp32); fp32 accumulation and statistics. ``product``: an optional
+    [M, N] buffer that receives the un-normalised ``a @ b`` (what a backward needs).
 
     Config ``block_sizes`` = [N tile (fixed to Npad), tile_m, tile_k].
     """
@@ -90,6 +92,8 @@ def matmul_layernorm_kernel(
         c[tile_m, tile_n] = y.to(c.dtype)
         mean[tile_m] = row_mean
         rstd[tile_m] = row_rstd
+        if product is not None:  # the last store: its indexing slot is appended (with_product_slot)
+            product[tile_m, tile_n] = acc.to(product.dtype)
     return c, mean, rstd
 
 
@@ -99,9 +103,10 @@ def matmul_rmsnorm_kernel(
     b: torch.Tensor,
     weight: torch.Tensor | None,
     eps: float,
+    product: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``rms_norm(a @ b, (N,), weight, eps)`` -> (c [M, N] in ``a.dtype``, rstd [M] fp32);
-    fp32 accumulation and statistics.
+    fp32 accumulation and statistics; ``product`` as in :func:`matmul_layernorm_kernel`.
 
     Config ``block_sizes`` = [N tile (fixed to Npad), tile_m, tile_k].
     """
@@ -125,6 +130,8 @@ def matmul_rmsnorm_kernel(
             y = y * weight[tile_n].to(torch.float32)[None, :]
         c[tile_m, tile_n] = y.to(c.dtype)
         rstd[tile_m] = row_rstd
+        if product is not None:
+            product[tile_m, tile_n] = acc.to(product.dtype)
     return c, rstd
 
 
@@ -284,6 +291,16 @@ def fit_shared_memory(config: helion.Config, args: tuple) -> helion.Config:
                             "block_sizes": [config.block_sizes[0], fitted[1], fitted[2]]})
 
 
+def with_product_slot(config: helion.Config, args: tuple) -> helion.Config:
+    """``config`` for a call that passes the optional ``product`` buffer (the last argument):
+    one more store, so a per-access ``indexing`` list gets one more slot ("pointer"); the
+    registry's configs are tuned without it."""
+    indexing = config.config.get("indexing")
+    if not isinstance(args[-1], torch.Tensor) or not isinstance(indexing, list):
+        return config
+    return helion.Config(**{**config.config, "indexing": [*indexing, "pointer"]})
+
+
 # The smallest program, the one max_full_row_n is computed for: fits every N it accepts.
 DEFAULT_CONFIG = helion.Config(
     block_sizes=[_N_TILE, MIN_TILE_M, MIN_TILE_K], num_warps=4, num_stages=1)
@@ -322,6 +339,7 @@ SPEC_LAYERNORM = KernelSpec(
     dispatch_baseline="cublas+inductor_norm",
     portable_config=portable_config,
     fit_config=fit_shared_memory,
+    call_config=with_product_slot,
 )
 
 SPEC_RMSNORM = dataclasses.replace(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 NAMESPACE = "helion_kernels"
 
@@ -42,9 +43,20 @@ class Op:
             self.custom_op.register_autograd(backward, setup_context=setup_context)
 
     def __call__(self, *args):
-        if torch.compiler.is_compiling() or (self.differentiable and records_grad(*args)):
+        if tracing(args) or (self.differentiable and records_grad(*args)):
             return self.custom_op(*args)
         return self.eager(*args)
+
+
+def tracing(args: tuple) -> bool:
+    """Whether a call is being traced rather than run: ``torch.compile``, or a tracer that
+    works below it (AOTAutograd tracing a backward, ``opcheck``, ``make_fx``) with a dispatch
+    mode active or tensor subclasses (fake, functional) as arguments."""
+    return (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+            or any(isinstance(t, torch.Tensor) and type(t) not in _PLAIN for t in args))
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def records_grad(*args) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import checks, runtime
-from ._grad import matmul_grads
+from ..grads import matmul_grads
 from ._op import Op
 
 _kernels = runtime.LazyModule("helion_kernels.kernels.matmul")

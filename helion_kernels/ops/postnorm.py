@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from .. import checks, runtime
 from ..kernels.limits import check_full_row_n, max_full_row_n
-from ._grad import mm_fp32, postnorm_grads
-from ._op import Op, filled
+from ..grads import postnorm_grads
+from ._op import Op, filled, records_grad
 
 _kernels = runtime.LazyModule("helion_kernels.kernels.postnorm_full_row")
 
@@ -61,8 +61,9 @@ def _rms_norm(x, weight, eps):
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
-def _layer_norm_stats(x32, weight, bias, eps):
-    """LayerNorm of an fp32 [M, N] and its (mean, rstd), all in fp32."""
+def _layer_norm_stats(x, weight, bias, eps):
+    """LayerNorm of [M, N] ``x`` in fp32 and its (mean, rstd), all fp32."""
+    x32 = x.float()
     var, mean = torch.var_mean(x32, dim=1, correction=0)
     rstd = torch.rsqrt(var + eps)
     y = (x32 - mean[:, None]) * rstd[:, None]
@@ -73,8 +74,9 @@ def _layer_norm_stats(x32, weight, bias, eps):
     return y, mean, rstd
 
 
-def _rms_norm_stats(x32, weight, eps):
-    """RMSNorm of an fp32 [M, N] and its rstd, in fp32."""
+def _rms_norm_stats(x, weight, eps):
+    """RMSNorm of [M, N] ``x`` in fp32 and its rstd, fp32."""
+    x32 = x.float()
     rstd = torch.rsqrt(x32.pow(2).mean(dim=1) + eps)
     y = x32 * rstd[:, None]
     return (y if weight is None else y * weight.float()), rstd
@@ -100,96 +102,117 @@ def _operands(a, b, *params) -> tuple:
     return (a.contiguous(), b.contiguous(), *(None if p is None else p.contiguous() for p in params))
 
 
-def _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused) -> tuple:
-    """(y, mean, rstd); mean and rstd are None unless ``return_stats``."""
+def _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused, keep=False) -> tuple:
+    """(y, mean, rstd, product): the statistics are None unless ``return_stats`` or ``keep``,
+    the product ``a @ b`` (input dtype) None unless ``keep`` (a backward will need them)."""
     spec = _kernels.SPEC_LAYERNORM
     m, n = a.shape[0], b.shape[1]
     args = (*_operands(a, b, weight, bias), eps)
+    stats = return_stats or keep
     if m == 0 or n == 0:
         use_fused(spec, args, fused if fused is not None else False)  # fused=True past the limit raises
-        if not return_stats:
-            return a.new_empty(m, n), None, None
-        stats = torch.full((2, m), float("nan"), dtype=torch.float32, device=a.device)  # over no columns
-        return a.new_empty(m, n), stats[0].clone(), stats[1].clone()
+        if not stats:
+            return a.new_empty(m, n), None, None, None
+        nan = torch.full((2, m), float("nan"), dtype=torch.float32, device=a.device)  # over no columns
+        return a.new_empty(m, n), nan[0].clone(), nan[1].clone(), a.new_empty(m, n) if keep else None
     if use_fused(spec, args, fused):
-        y, mean, rstd = runtime.launch(spec, args)
-        return (y, mean, rstd) if return_stats else (y, None, None)
-    if not return_stats:
-        c = torch.mm(a, b)
-        return _unfused_norm(_layer_norm, c, _like(weight, c), _like(bias, c), eps), None, None
-    # Statistics for a backward: from the fp32 product, as the fused kernel takes them.
-    y, mean, rstd = _unfused_norm(_layer_norm_stats, mm_fp32(a, b), weight, bias, eps)
-    return y.to(a.dtype), mean, rstd
+        product = a.new_empty(m, n) if keep else None
+        y, mean, rstd = runtime.launch(spec, (*args, product) if keep else args)
+        return (y, mean, rstd, product) if stats else (y, None, None, None)
+    c = torch.mm(a, b)
+    if not stats:
+        return _unfused_norm(_layer_norm, c, _like(weight, c), _like(bias, c), eps), None, None, None
+    y, mean, rstd = _unfused_norm(_layer_norm_stats, c, weight, bias, eps)
+    return y.to(a.dtype), mean, rstd, c if keep else None
 
 
 def _matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None,
                       bias: torch.Tensor | None, eps: float, return_stats: bool,
-                      fused: bool | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return filled(a, _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused))
+                      fused: bool | None, keep: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return filled(a, _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused, keep))
 
 
-def _matmul_layernorm_fake(a, b, weight, bias, eps, return_stats, fused):
-    rows = a.shape[0] if return_stats else 0
-    return (a.new_empty(a.shape[0], b.shape[1]), a.new_empty(rows, dtype=torch.float32),
-            a.new_empty(rows, dtype=torch.float32))
+def _matmul_layernorm_fake(a, b, weight, bias, eps, return_stats, fused, keep):
+    m, n = a.shape[0], b.shape[1]
+    rows = m if return_stats or keep else 0
+    return (a.new_empty(m, n), a.new_empty(rows, dtype=torch.float32), a.new_empty(rows, dtype=torch.float32),
+            a.new_empty(m, n) if keep else a.new_empty(0, dtype=torch.float32))
 
 
-def _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused) -> tuple:
-    """(y, rstd); rstd is None unless ``return_rstd``."""
+def _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused, keep=False) -> tuple:
+    """(y, rstd, product), as :func:`_matmul_layernorm_eager`."""
     spec = _kernels.SPEC_RMSNORM
     m, n = a.shape[0], b.shape[1]
     args = (*_operands(a, b, weight), eps)
+    stats = return_rstd or keep
     if m == 0 or n == 0:
         use_fused(spec, args, fused if fused is not None else False)
         rstd = torch.full((m,), float("nan"), dtype=torch.float32, device=a.device)  # over no columns
-        return a.new_empty(m, n), rstd if return_rstd else None
+        return a.new_empty(m, n), rstd if stats else None, a.new_empty(m, n) if keep else None
     if use_fused(spec, args, fused):
-        y, rstd = runtime.launch(spec, args)
-        return (y, rstd) if return_rstd else (y, None)
-    if not return_rstd:
-        c = torch.mm(a, b)
-        return _unfused_norm(_rms_norm, c, _like(weight, c), eps), None
-    y, rstd = _unfused_norm(_rms_norm_stats, mm_fp32(a, b), weight, eps)
-    return y.to(a.dtype), rstd
+        product = a.new_empty(m, n) if keep else None
+        y, rstd = runtime.launch(spec, (*args, product) if keep else args)
+        return y, rstd if stats else None, product
+    c = torch.mm(a, b)
+    if not stats:
+        return _unfused_norm(_rms_norm, c, _like(weight, c), eps), None, None
+    y, rstd = _unfused_norm(_rms_norm_stats, c, weight, eps)
+    return y.to(a.dtype), rstd, c if keep else None
 
 
 def _matmul_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None, eps: float,
-                    return_rstd: bool, fused: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
-    return filled(a, _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused))
+                    return_rstd: bool, fused: bool | None, keep: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return filled(a, _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused, keep))
 
 
-def _matmul_rmsnorm_fake(a, b, weight, eps, return_rstd, fused):
-    rows = a.shape[0] if return_rstd else 0
-    return a.new_empty(a.shape[0], b.shape[1]), a.new_empty(rows, dtype=torch.float32)
+def _matmul_rmsnorm_fake(a, b, weight, eps, return_rstd, fused, keep):
+    m, n = a.shape[0], b.shape[1]
+    rows = m if return_rstd or keep else 0
+    return (a.new_empty(m, n), a.new_empty(rows, dtype=torch.float32),
+            a.new_empty(m, n) if keep else a.new_empty(0, dtype=torch.float32))
 
 
-# Autograd (shared with the split-N ops, whose outputs are the same): the forward saves a, b
-# and the affine parameters; the backward recomputes a @ b and its statistics (see ._grad for
-# why). The statistics outputs are not differentiable. ``eps`` is input 4 (LayerNorm) or 3.
+# Autograd. The full-row ops are called with keep=True when autograd records them: the
+# forward (fused or not) also returns the product a @ b and the statistics, which the
+# backward uses (see helion_kernels.grads for why). The split-N ops reuse these functions
+# with nothing kept: their backward recomputes the product. The statistics outputs are not
+# differentiable. ``eps`` is input 4 (LayerNorm) or 3.
+
+
+def _kept(ctx, kind: str, saved: list) -> tuple | None:
+    """The forward's (product, mean, rstd) from ``saved`` [product, mean, rstd] or None."""
+    if not ctx.kept:
+        return None
+    product, mean, rstd = saved
+    return product, (mean if kind == "layernorm" else None), rstd
 
 
 def setup_layernorm(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:4])
+    ctx.kept = len(inputs) > 7 and inputs[7]
+    ctx.save_for_backward(*inputs[:4], *((output[3], output[1], output[2]) if ctx.kept else ()))
     ctx.eps = inputs[4]
     ctx.mark_non_differentiable(*output[1:])
 
 
-def backward_layernorm(ctx, dy, _dmean, _drstd):
-    a, b, weight, bias = ctx.saved_tensors
-    grads = postnorm_grads("layernorm", a, b, weight, bias, ctx.eps, dy, ctx.needs_input_grad[:4])
+def backward_layernorm(ctx, dy, *_):
+    a, b, weight, bias, *saved = ctx.saved_tensors
+    grads = postnorm_grads("layernorm", a, b, weight, bias, ctx.eps, dy, ctx.needs_input_grad[:4],
+                           _kept(ctx, "layernorm", saved))
     return (*grads, *(None,) * (len(ctx.needs_input_grad) - 4))
 
 
 def setup_rmsnorm(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:3])
+    ctx.kept = len(inputs) > 6 and inputs[6]
+    ctx.save_for_backward(*inputs[:3], *((output[2], output[1], output[1]) if ctx.kept else ()))
     ctx.eps = inputs[3]
-    ctx.mark_non_differentiable(output[1])
+    ctx.mark_non_differentiable(*output[1:])
 
 
-def backward_rmsnorm(ctx, dy, _drstd):
-    a, b, weight = ctx.saved_tensors
+def backward_rmsnorm(ctx, dy, *_):
+    a, b, weight, *saved = ctx.saved_tensors
     needs = (*ctx.needs_input_grad[:3], False)
-    da, db, dweight, _ = postnorm_grads("rmsnorm", a, b, weight, None, ctx.eps, dy, needs)
+    da, db, dweight, _ = postnorm_grads("rmsnorm", a, b, weight, None, ctx.eps, dy, needs,
+                                        _kept(ctx, "rmsnorm", saved))
     return (da, db, dweight, *(None,) * (len(ctx.needs_input_grad) - 3))
 
 
@@ -231,8 +254,10 @@ def matmul_layernorm(
     Returns:
         ``y`` [M, N] in the input dtype (fp32 accumulation and statistics), or
         ``(y, mean, rstd)`` with ``return_stats=True``. Differentiable in ``a``, ``b``,
-        ``weight`` and ``bias`` (the statistics are not); the backward (:mod:`._grad`) saves
-        the inputs and recomputes ``a @ b`` and its statistics.
+        ``weight`` and ``bias`` (the statistics are not). When autograd records the call,
+        the forward (fused or not) also writes the product ``a @ b`` and keeps it with the
+        fp32 statistics for the backward: the norm's backward as one inductor-compiled
+        pass, then the cuBLAS dgrad and wgrad GEMMs (:mod:`helion_kernels.grads`).
 
     Raises:
         TypeError: non-tensor input, unsupported or mismatched dtypes, ``fused`` not a bool
@@ -248,7 +273,8 @@ def matmul_layernorm(
     checks.fused_flag(op, fused)
     checks.flag(op, "return_stats", return_stats)
     runtime.check_runnable(op, a.device)
-    y, mean, rstd = _LAYERNORM(a, b, weight, bias, eps, return_stats, fused)
+    y, mean, rstd, _ = _LAYERNORM(a, b, weight, bias, eps, return_stats, fused,
+                                  records_grad(a, b, weight, bias))
     return (y, mean, rstd) if return_stats else y
 
 
@@ -289,5 +315,5 @@ def matmul_rmsnorm(
     checks.fused_flag(op, fused)
     checks.flag(op, "return_rstd", return_rstd)
     runtime.check_runnable(op, a.device)
-    y, rstd = _RMSNORM(a, b, weight, eps, return_rstd, fused)
+    y, rstd, _ = _RMSNORM(a, b, weight, eps, return_rstd, fused, records_grad(a, b, weight))
     return (y, rstd) if return_rstd else y

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import checks, runtime
-from ._grad import rmsnorm_matmul_grads
+from .. import checks, grads, runtime
 from ._op import Op
 
 _kernels = runtime.LazyModule("helion_kernels.kernels.rmsnorm_matmul")
+_backward_kernels = runtime.LazyModule("helion_kernels.kernels.rmsnorm_matmul_backward")
 
 
 def fold_rmsnorm_weight(weight: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -49,27 +49,71 @@ def fold_rmsnorm_weight(weight: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (weight.to(torch.float32)[:, None] * b.to(torch.float32)).to(b.dtype)
 
 
-def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, eps: float,
+                    fused: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     m, n = a.shape[0], b.shape[1]
-    if m == 0 or n == 0:
-        # rstd is defined (the norm is over K); there is nothing to multiply.
-        return a.new_empty(m, n), torch.rsqrt(a.float().pow(2).mean(dim=1) + eps)
+    if m == 0 or n == 0 or fused is False:
+        # cuBLAS + the standalone norm (rstd is defined when there is nothing to multiply).
+        x_hat, rstd = grads.run_compiled(_rms_norm_rstd, a, eps)
+        return torch.mm(x_hat, b), rstd
     return runtime.launch(_kernels.SPEC, (a.contiguous(), b.contiguous(), eps))
 
 
-def _rmsnorm_matmul_fake(a, b, eps):
+def _rms_norm_rstd(a: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    rstd = torch.rsqrt(a.float().pow(2).mean(dim=1) + eps)
+    return (a.float() * rstd[:, None]).to(a.dtype), rstd
+
+
+def _rmsnorm_matmul_fake(a, b, eps, fused):
     return a.new_empty(a.shape[0], b.shape[1]), a.new_empty(a.shape[0], dtype=torch.float32)
 
 
+def use_fused_backward(args: tuple, fused: bool | None) -> bool:
+    """Whether the backward of a call runs the fused dgrad kernel
+    (:mod:`helion_kernels.kernels.rmsnorm_matmul_backward`) or cuBLAS + the compiled norm
+    backward: ``fused`` True/False forces; None follows the registry's dispatch decision
+    for ``rmsnorm_matmul_backward`` at this shape (the nearest tuned one for an untuned
+    shape; unfused on a GPU with no entry); reference mode always runs the kernel."""
+    a, b = args[0], args[1]
+    if fused is not None or a.shape[0] == 0 or b.shape[1] == 0:
+        return bool(fused) and a.shape[0] > 0 and b.shape[1] > 0
+    spec = _backward_kernels.SPEC
+    return runtime.reference_mode(spec.kernel) or runtime.fused_choice(spec, args)
+
+
+def _dgrad(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, rstd: torch.Tensor,
+           fused: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(da, x_hat) of ``c = (a * rstd) @ b`` for the output gradient ``dc``."""
+    args = (a, b, dc.contiguous(), rstd)
+    if use_fused_backward(args, fused):
+        return runtime.launch(_backward_kernels.SPEC, args)
+    return grads.rmsnorm_matmul_dgrad(*args)
+
+
+def _dgrad_fake(a, b, dc, rstd, fused):
+    return torch.empty_like(a), torch.empty_like(a)
+
+
+_DGRAD = Op("rmsnorm_matmul_backward", _dgrad, _dgrad_fake)
+
+
 def _setup_context(ctx, inputs, output):
-    a, b, _ = inputs
+    a, b, _, fused = inputs
     ctx.save_for_backward(a, b, output[1])
+    ctx.fused = fused
     ctx.mark_non_differentiable(output[1])
 
 
 def _backward(ctx, dc, _drstd):
+    """dA from the dgrad op (fused or not), dB = x_hat^T @ dc on cuBLAS."""
     a, b, rstd = ctx.saved_tensors
-    return (*rmsnorm_matmul_grads(a, b, rstd, dc, *ctx.needs_input_grad[:2]), None)
+    need_a, need_b = ctx.needs_input_grad[:2]
+    da = x_hat = db = None
+    if need_a:
+        da, x_hat = _DGRAD(a, b, dc, rstd, ctx.fused)
+    if need_b:
+        db = torch.mm((grads.run_compiled(grads.rms_x_hat, a, rstd) if x_hat is None else x_hat).t(), dc)
+    return da, db, None, None
 
 
 _OP = Op("rmsnorm_matmul", _rmsnorm_matmul, _rmsnorm_matmul_fake, backward=_backward,
@@ -83,6 +127,7 @@ def rmsnorm_matmul(
     eps: float = 1e-5,
     *,
     return_rstd: bool = False,
+    fused: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``rmsnorm(a, weight, eps) @ b`` in one kernel (deferred pre-norm).
 
@@ -102,12 +147,17 @@ def rmsnorm_matmul(
             fold it once yourself and pass ``weight=None``.
         eps: added to the mean square, >= 0.
         return_rstd: also return ``rstd`` [M] fp32 (what a backward needs).
+        fused: None: the forward runs the fused kernel and the backward follows the
+            registry's decision for ``rmsnorm_matmul_backward`` (:func:`use_fused_backward`);
+            True: both fused; False: both unfused (the inductor-compiled norm, cuBLAS GEMMs).
 
     Returns:
         ``c`` [M, N] in the input dtype (fp32 accumulation and statistics), or
         ``(c, rstd)`` with ``return_rstd=True``. Differentiable in ``a``, ``b`` and
-        ``weight`` (``rstd`` is not); the backward (:mod:`._grad`) saves ``a``, ``b`` and the
-        fp32 ``rstd`` and rebuilds the normalised ``a`` on the fly.
+        ``weight`` (``rstd`` is not). The backward saves ``a``, ``b`` and the fp32 ``rstd``
+        and rebuilds the normalised ``a`` on the fly: the dgrad GEMM applies the whole
+        RMSNorm backward in its epilogue and writes ``x_hat`` for the cuBLAS wgrad
+        (:mod:`helion_kernels.kernels.rmsnorm_matmul_backward`).
 
     Raises:
         TypeError: non-tensor input, unsupported or mismatched dtypes.
@@ -118,8 +168,9 @@ def rmsnorm_matmul(
     checks.gemm_operands(op, a, b)
     eps = checks.norm_params(op, a, a.shape[1], eps, dim="K", weight=weight)  # the norm is over K
     checks.flag(op, "return_rstd", return_rstd)
+    checks.fused_flag(op, fused)
     runtime.check_runnable(op, a.device)
     if weight is not None:
         b = fold_rmsnorm_weight(weight, b)
-    c, rstd = _OP(a, b, eps)
+    c, rstd = _OP(a, b, eps, fused)
     return (c, rstd) if return_rstd else c

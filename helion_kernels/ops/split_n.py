@@ -16,7 +16,7 @@ import torch
 
 from .. import checks, registry, runtime
 from ..spec import Shape
-from ._grad import deferred_grads
+from ..grads import deferred_grads
 from ._op import Op
 from .postnorm import backward_layernorm, backward_rmsnorm, setup_layernorm, setup_rmsnorm
 from .prenorm import fold_rmsnorm_weight
@@ -131,29 +131,36 @@ def _consumer_config(a: torch.Tensor, m: int, n: int, n2: int):
     return _deferred.consumer_config(None if found.entry is None else found.entry.config)
 
 
-def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, eps: float) -> torch.Tensor:
-    m, n2 = a.shape[0], c.shape[1]
+def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
+                    eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, x = a @ b, rstd [M] fp32): the producer's output and the row statistics are
+    returned for the backward (x is written anyway)."""
+    m, n, n2 = a.shape[0], b.shape[1], c.shape[1]
     if m == 0 or n2 == 0:
-        return a.new_zeros(m, n2)
+        x = torch.mm(a, b)
+        return a.new_zeros(m, n2), x, torch.rsqrt(x.float().pow(2).mean(dim=1) + eps)
     a, b, c = a.contiguous(), b.contiguous(), c.contiguous()
     x, partials = runtime.launch(_deferred.SPEC, (a, b))
-    return runtime.launch_kernel(_deferred.rmsnorm_scaled_matmul_kernel, (x, c, partials, eps),
-                                 lambda: _consumer_config(a, m, b.shape[1], n2))
+    out = runtime.launch_kernel(_deferred.rmsnorm_scaled_matmul_kernel, (x, c, partials, eps),
+                                lambda: _consumer_config(a, m, n, n2))
+    return out, x, torch.rsqrt(partials.sum(dim=1) / n + eps)
 
 
 def _rmsnorm_matmul_fake(a, b, c, eps):
-    return a.new_empty(a.shape[0], c.shape[1])
+    m = a.shape[0]
+    return a.new_empty(m, c.shape[1]), a.new_empty(m, b.shape[1]), a.new_empty(m, dtype=torch.float32)
 
 
 def _setup_deferred(ctx, inputs, output):
-    a, b, c, eps = inputs
-    ctx.save_for_backward(a, b, c)
-    ctx.eps = eps
+    a, b, c, _ = inputs
+    _, x, rstd = output
+    ctx.save_for_backward(a, b, c, x, rstd)
+    ctx.mark_non_differentiable(x, rstd)
 
 
-def _backward_deferred(ctx, dout):
-    a, b, c = ctx.saved_tensors
-    return (*deferred_grads(a, b, c, ctx.eps, dout, ctx.needs_input_grad[:3]), None)
+def _backward_deferred(ctx, dout, *_):
+    a, b, c, x, rstd = ctx.saved_tensors
+    return (*deferred_grads(a, b, c, x, rstd, dout, ctx.needs_input_grad[:3]), None)
 
 
 _DEFERRED = Op("matmul_rmsnorm_matmul", _rmsnorm_matmul, _rmsnorm_matmul_fake, backward=_backward_deferred,
@@ -190,7 +197,7 @@ def matmul_rmsnorm_matmul(
     Returns:
         [M, N2] in the input dtype. ``x`` is stored in the input dtype between the GEMMs (as
         by cuBLAS + a standalone norm); statistics and accumulation are fp32. Differentiable
-        in ``a``, ``b``, ``c`` and ``weight``; the backward (:mod:`._grad`) saves the inputs
+        in ``a``, ``b``, ``c`` and ``weight``; the backward (:mod:`helion_kernels.grads`) saves the inputs
         and recomputes ``a @ b`` and its statistics.
 
     Raises:
@@ -214,4 +221,4 @@ def matmul_rmsnorm_matmul(
     runtime.check_runnable(op, a.device)
     if weight is not None:
         c = fold_rmsnorm_weight(weight, c)
-    return _DEFERRED(a, b, c, eps)
+    return _DEFERRED(a, b, c, eps)[0]

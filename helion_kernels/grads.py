@@ -1,0 +1,164 @@
+"""Backward passes of the GEMM + norm ops, in PyTorch: the formulas the kernels implement
+and the unfused backward the ops fall back to.
+
+Pure functions of what the forward saved and the incoming gradients, so the tests can
+check them with ``torch.autograd.gradcheck`` in float64 and the ops' autograd
+registrations (:mod:`.ops`) stay thin. Norm statistics and elementwise arithmetic are fp32;
+the GEMMs run in the input dtype with fp32 accumulation (as ``nn.Linear``'s backward does);
+norm weight and bias gradients are fp32 sums over rows (deterministic, never accumulated in
+bf16), cast to the parameter's dtype at the end.
+
+What each forward saves, and why (the cheapest set that rebuilds the normalised tensor):
+
+* pre-norm ``rms_norm(a) @ b``: ``a``, ``b`` (alive anyway: the layer's input and weight)
+  and the fp32 ``rstd`` [M]; ``x_hat = a * rstd`` is rebuilt on the fly.
+* full-row post-norm ``norm(a @ b)``: ``a``, ``b``, the affine parameters, the product
+  ``c = a @ b`` in the input dtype (written by the forward, fused or not, only when autograd
+  records the call) and the fp32 ``mean``/``rstd``. Recomputing ``c`` would cost a whole GEMM
+  in the backward; rebuilding ``x_hat`` from the output, ``(y - bias) / weight``, fails where a
+  weight element is 0 (a common initialisation of a residual branch's norm) and loses
+  precision where ``|bias| >> |weight * x_hat|``. Keeping ``c`` costs one [M, N] write in the
+  forward and its memory until the backward, as the unfused pair's autograd keeps it.
+* split-N post-norm: ``a``, ``b`` and the affine parameters; the product is recomputed (its
+  kernels do not write it).
+* ``rms_norm(a @ b) @ c`` (deferred): ``a``, ``b``, ``c``, the producer's un-normalised
+  ``x = a @ b`` (it writes it anyway) and the fp32 ``rstd``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.cache
+def _inductor(fn):
+    return torch.compile(fn, dynamic=None)  # a new M recompiles once, then stays dynamic
+
+
+def run_compiled(fn, *args):
+    """``fn(*args)``, compiled by inductor on CUDA when called eagerly (one fused pass instead
+    of a dozen fp32 kernels); traced as it is while ``torch.compile`` traces the caller (the
+    caller's graph compiles it) and eager on a CPU."""
+    if args[0].is_cuda and not torch.compiler.is_compiling():
+        return _inductor(fn)(*args)
+    return fn(*args)
+
+
+def mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` accumulated and returned in fp32 (torch's CPU build has no ``out_dtype``)."""
+    if a.is_cuda and a.dtype in (torch.bfloat16, torch.float16):
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
+
+
+def _param_grad(value: torch.Tensor | None, param: torch.Tensor | None, needed: bool) -> torch.Tensor | None:
+    return value.to(param.dtype) if needed and param is not None and value is not None else None
+
+
+def matmul_grads(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, need_a: bool = True, need_b: bool = True):
+    """(dA, dB) of ``c = a @ b``."""
+    return (torch.mm(dc, b.t()) if need_a else None, torch.mm(a.t(), dc) if need_b else None)
+
+
+def rms_row_backward(dx_hat: torch.Tensor, x_hat: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """d(input) of ``x_hat = x * rstd`` (no affine), fp32: ``rstd * (dx_hat - x_hat * mean(dx_hat * x_hat))``."""
+    s = (dx_hat * x_hat).mean(dim=1, keepdim=True)
+    return rstd[:, None] * (dx_hat - x_hat * s)
+
+
+def layer_row_backward(dx_hat: torch.Tensor, x_hat: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """d(input) of ``x_hat = (x - mean) * rstd`` (no affine), fp32."""
+    return rstd[:, None] * (dx_hat - dx_hat.mean(dim=1, keepdim=True)
+                            - x_hat * (dx_hat * x_hat).mean(dim=1, keepdim=True))
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    """fp32, or float64 for float64 (gradcheck)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+# --- pre-norm: c = (a * rstd) @ b -------------------------------------------------------
+
+
+def rms_x_hat(a: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """``x_hat = a * rstd[:, None]`` in ``a.dtype`` (the wgrad GEMM's operand)."""
+    return (_f32(a) * rstd[:, None]).to(a.dtype)
+
+
+def prenorm_norm_backward(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor):
+    """(da, x_hat) in ``a.dtype`` from ``dx_hat = dc @ b^T``: the RMSNorm backward the
+    pre-norm dgrad kernel applies in its epilogue."""
+    x_hat = _f32(a) * rstd[:, None]
+    return rms_row_backward(_f32(dx_hat), x_hat, rstd).to(a.dtype), x_hat.to(a.dtype)
+
+
+def rmsnorm_matmul_dgrad(a, b, dc, rstd):
+    """(da, x_hat) of ``c = (a * rstd[:, None]) @ b``, unfused: the dgrad GEMM (cuBLAS), then
+    the norm's backward as one pass (inductor-compiled on CUDA)."""
+    return run_compiled(prenorm_norm_backward, torch.mm(dc, b.t()), a, rstd)
+
+
+def rmsnorm_matmul_grads(a, b, rstd, dc, need_a: bool = True, need_b: bool = True):
+    """(dA, dB) of ``c = (a * rstd[:, None]) @ b`` (the weight is folded into ``b``), unfused:
+    the dgrad GEMM, the norm's backward, the wgrad GEMM on ``x_hat``."""
+    da = x_hat = db = None
+    if need_a:
+        da, x_hat = rmsnorm_matmul_dgrad(a, b, dc, rstd)
+    if need_b:
+        db = torch.mm((run_compiled(rms_x_hat, a, rstd) if x_hat is None else x_hat).t(), dc)
+    return da, db
+
+
+# --- post-norm: y = norm(c) * weight + bias, c = a @ b ------------------------------------
+
+
+def postnorm_stats(c: torch.Tensor, kind: str, eps: float):
+    """(mean or None, rstd) of the rows of ``c`` in fp32, for ``kind`` "layernorm" or "rmsnorm"."""
+    c32 = _f32(c)
+    if kind == "layernorm":
+        var, mean = torch.var_mean(c32, dim=1, correction=0)
+        return mean, torch.rsqrt(var + eps)
+    return None, torch.rsqrt(c32.pow(2).mean(dim=1) + eps)
+
+
+def postnorm_row_backward(dy, c, mean, rstd, weight, need_weight: bool = True, need_bias: bool = False):
+    """(dc in ``c.dtype``, dweight fp32 [N] or None, dbias fp32 [N] or None) of
+    ``y = norm(c) * weight + bias`` over the rows of ``c`` [M, N], from the forward's fp32
+    ``mean`` (None: RMSNorm) and ``rstd``; ``weight`` None: no affine weight."""
+    dy32 = _f32(dy)
+    x_hat = (_f32(c) if mean is None else _f32(c) - mean[:, None]) * rstd[:, None]
+    g = dy32 if weight is None else dy32 * _f32(weight)
+    dc = (rms_row_backward if mean is None else layer_row_backward)(g, x_hat, rstd).to(c.dtype)
+    dweight = (dy32 * x_hat).sum(dim=0) if need_weight and weight is not None else None
+    dbias = dy32.sum(dim=0) if need_bias else None
+    return dc, dweight, dbias
+
+
+def postnorm_grads(kind: str, a, b, weight, bias, eps: float, dy, needs: tuple[bool, bool, bool, bool],
+                   saved: tuple | None = None):
+    """(dA, dB, dWeight, dBias) of ``y = norm(a @ b) * weight + bias`` over N, ``kind`` being
+    ``"layernorm"`` or ``"rmsnorm"`` (no bias). ``saved``: the forward's ``(c, mean, rstd)``
+    (``c = a @ b`` in the input dtype, fp32 statistics, ``mean`` None for RMSNorm); None
+    recomputes them (one GEMM)."""
+    if saved is None:
+        c = torch.mm(a, b)
+        mean, rstd = run_compiled(postnorm_stats, c, kind, eps)
+    else:
+        c, mean, rstd = saved
+    dc, dweight, dbias = run_compiled(postnorm_row_backward, dy, c, mean, rstd, weight, needs[2],
+                                      needs[3] and bias is not None)
+    da, db = matmul_grads(a, b, dc, needs[0], needs[1])
+    return da, db, _param_grad(dweight, weight, needs[2]), _param_grad(dbias, bias, needs[3])
+
+
+def deferred_grads(a, b, c, x, rstd, dout, needs: tuple[bool, bool, bool]):
+    """(dA, dB, dC) of ``out = rms_norm(a @ b) @ c`` (the norm weight folded into ``c``), from
+    the forward's ``x = a @ b`` (input dtype) and fp32 ``rstd``."""
+    dc = torch.mm(run_compiled(rms_x_hat, x, rstd).t(), dout) if needs[2] else None
+    da = db = None
+    if needs[0] or needs[1]:
+        dx, _ = run_compiled(prenorm_norm_backward, torch.mm(dout, c.t()), x, rstd)
+        da, db = matmul_grads(a, b, dx, needs[0], needs[1])
+    return da, db, dc

@@ -1,0 +1,149 @@
+"""Backward kernels: the pre-norm dgrad kernel (the RMSNorm backward in the dgrad GEMM's
+epilogue) and the full-row post-norm kernels' optional ``product`` output (what their
+backward keeps). Reference mode, Triton interpreter and CUDA, against float64 references."""
+
+from __future__ import annotations
+
+import helion
+import pytest
+import torch
+
+from helion_kernels.kernels.postnorm_full_row import (
+    SPEC_LAYERNORM,
+    SPEC_RMSNORM,
+    with_product_slot,
+)
+from helion_kernels.kernels.rmsnorm_matmul_backward import (
+    SPEC,
+    rmsnorm_matmul_dgrad_kernel,
+    rmsnorm_matmul_dgrad_reference,
+)
+from helion_kernels.spec import Shape
+from helion_kernels.verify import check_outputs
+
+pytestmark = pytest.mark.usefixtures("poisoned_empty")  # every output element must be written
+
+# M = 1; K and N not powers of two; M not a multiple of any tile; more K tiles than one.
+SHAPES = [Shape(1, 48, 24), Shape(37, 200, 130), Shape(64, 128, 64), Shape(130, 320, 72)]
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def _f64(args: tuple) -> tuple:
+    return tuple(x.double() if isinstance(x, torch.Tensor) else x for x in args)
+
+
+def _check_dgrad(shape: Shape, dtype, device, config=None):
+    args = SPEC.make_args(shape, dtype, device, seed=shape.M + shape.K)
+    if config is None:
+        out = rmsnorm_matmul_dgrad_kernel(*args)
+    else:
+        bound = rmsnorm_matmul_dgrad_kernel.bind(args)
+        bound.set_config(config)
+        out = bound(*args)
+    assert all(o.dtype == dtype and o.shape == (shape.M, shape.K) for o in out)
+    check_outputs(out, rmsnorm_matmul_dgrad_reference(*_f64(args)), dtype)
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_dgrad_reference_mode(shape, dtype, device):
+    _check_dgrad(shape, dtype, device)
+
+
+INTERPRETER_CONFIGS = [
+    SPEC.default_config,
+    helion.Config(block_sizes=[16, 32, 16, 64], num_warps=4, num_stages=1),  # K tiles differ between loops
+    helion.Config(block_sizes=[32, 64, 32, 32], num_warps=4, num_stages=1, indexing="block_ptr"),
+]
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)  # bf16 tl.dot is broken there
+@pytest.mark.parametrize("config", INTERPRETER_CONFIGS, ids=lambda c: "x".join(map(str, c.block_sizes)))
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_dgrad_triton_code(shape, config, dtype):
+    _check_dgrad(shape, dtype, "cpu", config)
+
+
+@pytest.mark.triton_interpret  # code generation only
+def test_dgrad_fix_up_loop_waits_for_the_stores():
+    """The second K loop re-reads what the first stored: a barrier must sit between them."""
+    args = SPEC.make_args(Shape(256, 512, 256), torch.bfloat16, "cpu", None)
+    code = rmsnorm_matmul_dgrad_kernel.bind(args).to_triton_code(SPEC.seed_configs[0])
+    loops = code.split("for offset_")
+    assert len(loops) >= 4  # K loop, its N loop, the fix-up K loop
+    assert "tl.debug_barrier()" in loops[-2], code
+
+
+def test_dgrad_reference_is_the_autograd_gradient():
+    """The formula the kernel implements is d/da of (a * rstd(a)) @ b, in float64."""
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(6, 10, generator=gen, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(10, 7, generator=gen, dtype=torch.float64)
+    dc = torch.randn(6, 7, generator=gen, dtype=torch.float64)
+    rstd = torch.rsqrt(a.pow(2).mean(dim=1) + 1e-5)
+    ((a * rstd[:, None]) @ b).backward(dc)
+    da, x_hat = rmsnorm_matmul_dgrad_reference(a.detach(), b, dc, rstd.detach())
+    torch.testing.assert_close(da, a.grad)
+    torch.testing.assert_close(x_hat, a.detach() * rstd.detach()[:, None])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("config", [SPEC.default_config, *SPEC.seed_configs],
+                         ids=lambda c: f"{'x'.join(map(str, c.block_sizes))}_{c.config.get('indexing')}")
+@pytest.mark.parametrize("shape", SHAPES + [Shape(512, 1024, 768)], ids=str)
+def test_dgrad_cuda(shape, config, dtype, device):
+    if dtype == torch.float32 and config.block_sizes[1] * config.block_sizes[0] > 128 * 128:
+        pytest.skip("fp32 at a 128x256 accumulator exceeds the register file (not a tuned case)")
+    _check_dgrad(shape, dtype, device, config)
+
+
+# --- the full-row kernels' product output ------------------------------------------------
+
+
+def _with_product(spec, kernel, shape, dtype, device, config):
+    args = spec.make_args(shape, dtype, device, seed=4)
+    product = torch.empty(shape.M, shape.N, dtype=dtype, device=device)
+    if config is None:
+        out = kernel(*args, product)
+    else:
+        bound = kernel.bind((*args, product))
+        bound.set_config(with_product_slot(config, (*args, product)))
+        out = bound(*args, product)
+    expected = args[0].double() @ args[1].double()
+    check_outputs(product, expected, dtype)
+    check_outputs(out, spec.reference(*_f64(args)), dtype)
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("spec", [SPEC_LAYERNORM, SPEC_RMSNORM], ids=lambda s: s.name)
+def test_full_row_product_reference_mode(spec, device):
+    _with_product(spec, spec.kernel, Shape(33, 100, 96), torch.bfloat16, device, None)
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("spec", [SPEC_LAYERNORM, SPEC_RMSNORM], ids=lambda s: s.name)
+def test_full_row_product_with_a_tuned_indexing_list(spec):
+    """A registry config lists one indexing entry per load/store of the kernel without the
+    product; with_product_slot appends the product store's."""
+    slots = 7 if spec is SPEC_LAYERNORM else 5
+    config = helion.Config(block_sizes=[16, 16, 32], num_warps=4, num_stages=1, indexing=["pointer"] * slots)
+    _with_product(spec, spec.kernel, Shape(33, 100, 96), torch.float32, "cpu", config)
+
+
+def test_product_slot_leaves_other_configs_alone():
+    config = helion.Config(block_sizes=[16, 16, 32], indexing="pointer")
+    assert with_product_slot(config, (None, None, 1e-5, torch.empty(0))) == config
+    listed = helion.Config(block_sizes=[16, 16, 32], indexing=["pointer"] * 5)
+    assert with_product_slot(listed, (None, None, 1e-5, None)) == listed
+    assert with_product_slot(listed, (None, None, 1e-5, torch.empty(0))).config["indexing"] == ["pointer"] * 6
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("spec", [SPEC_LAYERNORM, SPEC_RMSNORM], ids=lambda s: s.name)
+def test_full_row_product_cuda(spec, device):
+    for config in (spec.default_config, *spec.seed_configs):
+        _with_product(spec, spec.kernel, Shape(256, 512, 1000), torch.bfloat16, device, config)
+
