@@ -30,6 +30,18 @@ from __future__ import annotations
 import functools
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+
+def tracing(args: tuple) -> bool:
+    """Whether a call is being traced rather than run: ``torch.compile``, or a tracer that
+    works below it (AOTAutograd tracing a backward, ``opcheck``, ``make_fx``) with a dispatch
+    mode active or tensor subclasses (fake, functional) as arguments."""
+    return (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
+            or any(isinstance(t, torch.Tensor) and type(t) not in _PLAIN for t in args))
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 @functools.cache
@@ -41,7 +53,7 @@ def run_compiled(fn, *args):
     """``fn(*args)``, compiled by inductor on CUDA when called eagerly (one fused pass instead
     of a dozen fp32 kernels); traced as it is while ``torch.compile`` traces the caller (the
     caller's graph compiles it) and eager on a CPU."""
-    if args[0].is_cuda and not torch.compiler.is_compiling():
+    if args[0].is_cuda and not tracing(args):
         return _inductor(fn)(*args)
     return fn(*args)
 

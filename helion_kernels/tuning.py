@@ -28,7 +28,7 @@ import torch
 from . import registry
 from .spec import KernelSpec, Problem
 from .timing import time_ms
-from .verify import check_outputs, comparable, verify_config
+from .verify import check_outputs, verify_config
 
 EFFORTS = ("quick", "full")
 
@@ -170,14 +170,19 @@ def tuning_kernel(spec: KernelSpec, seeds: list, dtype: torch.dtype, options: Tu
         autotune_seed_configs=seeds,
         autotune_random_seed=options.seed,
         autotune_baseline_fn=spec.reference,
-        autotune_baseline_accuracy_check_fn=functools.partial(_accuracy_check, spec=spec, dtype=dtype),
+        # Helion sends this hook to its benchmarking subprocesses: it must pickle, so it
+        # carries the output transform (a module-level function), not the spec (whose
+        # Helion kernel holds a lock).
+        autotune_baseline_accuracy_check_fn=functools.partial(_accuracy_check, compare=spec.compare_outputs,
+                                                              dtype=dtype),
         autotune_progress_bar=progress_bar,
     )
 
 
-def _accuracy_check(output, baseline, spec: KernelSpec, dtype: torch.dtype) -> None:
-    """Helion's per-candidate accuracy hook: the same bar as the final check."""
-    check_outputs(comparable(spec, output), baseline, dtype)
+def _accuracy_check(output, baseline, compare, dtype: torch.dtype) -> None:
+    """Helion's per-candidate accuracy hook: the same bar as the final check
+    (``compare``: the spec's ``compare_outputs``, as :func:`~.verify.comparable` applies it)."""
+    check_outputs(output if compare is None else compare(output), baseline, dtype)
 
 
 def tune(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype, options: TuneOptions,

@@ -82,3 +82,18 @@ def test_accuracy_check_compares_summed_partials():
     tuning._accuracy_check((x, partials), (x, row_sumsq), spec, torch.float32)
     with pytest.raises(AssertionError):
         tuning._accuracy_check((x, partials * 1.1), (x, row_sumsq), spec, torch.float32)
+
+
+@pytest.mark.parametrize("name", sorted(__import__("helion_kernels.kernels", fromlist=["CATALOG"]).CATALOG))
+def test_tuning_settings_pickle(name):
+    """Helion sends the accuracy hook and baseline to its benchmarking subprocesses by
+    pickling them; an unpicklable hook fails every tuning run on the GPU."""
+    import pickle
+
+    from helion_kernels.kernels import get_spec
+    from helion_kernels.tuning import TuneOptions, tuning_kernel
+
+    spec = get_spec(name)
+    kernel = tuning_kernel(spec, list(spec.seed_configs), torch.bfloat16, TuneOptions(), progress_bar=False)
+    pickle.dumps(kernel.settings.autotune_baseline_accuracy_check_fn)
+    pickle.dumps(kernel.settings.autotune_baseline_fn)

@@ -15,7 +15,8 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from ..grads import tracing
 
 NAMESPACE = "helion_kernels"
 
@@ -48,15 +49,7 @@ class Op:
         return self.eager(*args)
 
 
-def tracing(args: tuple) -> bool:
-    """Whether a call is being traced rather than run: ``torch.compile``, or a tracer that
-    works below it (AOTAutograd tracing a backward, ``opcheck``, ``make_fx``) with a dispatch
-    mode active or tensor subclasses (fake, functional) as arguments."""
-    return (torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None
-            or any(isinstance(t, torch.Tensor) and type(t) not in _PLAIN for t in args))
 
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def records_grad(*args) -> bool:

@@ -62,7 +62,8 @@ def _rms_norm(x, weight, eps):
 
 
 def _layer_norm_stats(x, weight, bias, eps):
-    """LayerNorm of [M, N] ``x`` in fp32 and its (mean, rstd), all fp32."""
+    """LayerNorm of [M, N] ``x`` (computed in fp32, returned in ``x.dtype``) and its
+    (mean, rstd) in fp32."""
     x32 = x.float()
     var, mean = torch.var_mean(x32, dim=1, correction=0)
     rstd = torch.rsqrt(var + eps)
@@ -71,15 +72,15 @@ def _layer_norm_stats(x, weight, bias, eps):
         y = y * weight.float()
     if bias is not None:
         y = y + bias.float()
-    return y, mean, rstd
+    return y.to(x.dtype), mean, rstd
 
 
 def _rms_norm_stats(x, weight, eps):
-    """RMSNorm of [M, N] ``x`` in fp32 and its rstd, fp32."""
+    """RMSNorm of [M, N] ``x`` (computed in fp32, returned in ``x.dtype``) and its rstd, fp32."""
     x32 = x.float()
     rstd = torch.rsqrt(x32.pow(2).mean(dim=1) + eps)
     y = x32 * rstd[:, None]
-    return (y if weight is None else y * weight.float()), rstd
+    return (y if weight is None else y * weight.float()).to(x.dtype), rstd
 
 
 @functools.cache
@@ -123,7 +124,7 @@ def _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused, keep=F
     if not stats:
         return _unfused_norm(_layer_norm, c, _like(weight, c), _like(bias, c), eps), None, None, None
     y, mean, rstd = _unfused_norm(_layer_norm_stats, c, weight, bias, eps)
-    return y.to(a.dtype), mean, rstd, c if keep else None
+    return y, mean, rstd, c if keep else None
 
 
 def _matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None,
@@ -157,7 +158,7 @@ def _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused, keep=False) -> 
     if not stats:
         return _unfused_norm(_rms_norm, c, _like(weight, c), eps), None, None
     y, rstd = _unfused_norm(_rms_norm_stats, c, weight, eps)
-    return y.to(a.dtype), rstd, c if keep else None
+    return y, rstd, c if keep else None
 
 
 def _matmul_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None, eps: float,
@@ -188,6 +189,7 @@ def _kept(ctx, kind: str, saved: list) -> tuple | None:
 
 
 def setup_layernorm(ctx, inputs, output):
+    ctx.set_materialize_grads(False)  # no [M, N] zero gradients for the statistics and the product
     ctx.kept = len(inputs) > 7 and inputs[7]
     ctx.save_for_backward(*inputs[:4], *((output[3], output[1], output[2]) if ctx.kept else ()))
     ctx.eps = inputs[4]
@@ -195,6 +197,8 @@ def setup_layernorm(ctx, inputs, output):
 
 
 def backward_layernorm(ctx, dy, *_):
+    if dy is None:  # nothing downstream used y
+        return (None,) * len(ctx.needs_input_grad)
     a, b, weight, bias, *saved = ctx.saved_tensors
     grads = postnorm_grads("layernorm", a, b, weight, bias, ctx.eps, dy, ctx.needs_input_grad[:4],
                            _kept(ctx, "layernorm", saved))
@@ -202,6 +206,7 @@ def backward_layernorm(ctx, dy, *_):
 
 
 def setup_rmsnorm(ctx, inputs, output):
+    ctx.set_materialize_grads(False)
     ctx.kept = len(inputs) > 6 and inputs[6]
     ctx.save_for_backward(*inputs[:3], *((output[2], output[1], output[1]) if ctx.kept else ()))
     ctx.eps = inputs[3]
@@ -209,6 +214,8 @@ def setup_rmsnorm(ctx, inputs, output):
 
 
 def backward_rmsnorm(ctx, dy, *_):
+    if dy is None:
+        return (None,) * len(ctx.needs_input_grad)
     a, b, weight, *saved = ctx.saved_tensors
     needs = (*ctx.needs_input_grad[:3], False)
     da, db, dweight, _ = postnorm_grads("rmsnorm", a, b, weight, None, ctx.eps, dy, needs,

@@ -154,11 +154,14 @@ def _rmsnorm_matmul_fake(a, b, c, eps):
 def _setup_deferred(ctx, inputs, output):
     a, b, c, _ = inputs
     _, x, rstd = output
+    ctx.set_materialize_grads(False)
     ctx.save_for_backward(a, b, c, x, rstd)
     ctx.mark_non_differentiable(x, rstd)
 
 
 def _backward_deferred(ctx, dout, *_):
+    if dout is None:
+        return None, None, None, None
     a, b, c, x, rstd = ctx.saved_tensors
     return (*deferred_grads(a, b, c, x, rstd, dout, ctx.needs_input_grad[:3]), None)
 
