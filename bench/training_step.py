@@ -174,6 +174,7 @@ def plot(df: pd.DataFrame, meta: dict, path: Path) -> None:
     fig, axes = plt.subplots(2, 1, figsize=(max(8, len(df) * 1.6), 9))
     rel.plot.bar(ax=axes[0], width=0.85)
     axes[0].axhline(1.0, color="k", lw=0.8, ls="--")
+    axes[0].set_yscale("log")  # the host-bound small rows are 10-40x the GEMMs
     axes[0].set_ylabel("forward + backward / cuBLAS GEMMs alone")
     axes[0].set_title(f"{meta['gpu']}: one training step of the layer (lower is better)")
     axes[0].legend(fontsize=8, ncol=4)

@@ -11,9 +11,10 @@ torch itself once per state (on CUDA autocast runs ``layer_norm`` in fp32, so
 in torch 2.11). ``nn.RMSNorm(eps=None)`` keeps its meaning: the epsilon of the dtype torch's
 ``rms_norm`` computes in (fp32 for bf16 inputs too). Gradients land in the parameters' dtype.
 
-The kernels read ``nn.Linear``'s [N, K] weight as its transposed view; an RMSNorm weight in
+The ops take ``nn.Linear``'s [N, K] weight as its transposed view; an RMSNorm weight in
 front of the GEMM is folded into it once per call (a [K, N] temporary, never a second
-parameter). What runs fused today, and what does not yet:
+parameter), and the post-norm ops still copy the view to a contiguous [K, N] per call (K * N
+elements; reading it in place is not done yet). What runs fused today, and what does not yet:
 
 * :class:`RMSNormLinear`: ``rmsnorm_matmul``; the Linear bias is added after the kernel
   (one elementwise pass over the output).

@@ -79,9 +79,9 @@ def test_accuracy_check_compares_summed_partials():
     args = spec.make_args(Shape(6, 16, 12), torch.float32, "cpu", 0)
     x, row_sumsq = spec.reference(*args)
     partials = torch.stack([(x[:, :8] ** 2).sum(1), (x[:, 8:] ** 2).sum(1)], dim=1)  # two N tiles
-    tuning._accuracy_check((x, partials), (x, row_sumsq), spec, torch.float32)
+    tuning._accuracy_check((x, partials), (x, row_sumsq), spec.compare_outputs, torch.float32)
     with pytest.raises(AssertionError):
-        tuning._accuracy_check((x, partials * 1.1), (x, row_sumsq), spec, torch.float32)
+        tuning._accuracy_check((x, partials * 1.1), (x, row_sumsq), spec.compare_outputs, torch.float32)
 
 
 @pytest.mark.parametrize("name", sorted(__import__("helion_kernels.kernels", fromlist=["CATALOG"]).CATALOG))
