@@ -99,7 +99,8 @@ def _like(param: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
     return None if param is None else param.to(x.dtype)
 
 
-def _operands(a, b, *params) -> tuple:
+def contiguous_operands(a, b, *params) -> tuple:
+    """``a``, ``b`` and the optional affine parameters as contiguous tensors (None stays None)."""
     return (a.contiguous(), b.contiguous(), *(None if p is None else p.contiguous() for p in params))
 
 
@@ -108,7 +109,7 @@ def _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused, keep=F
     the product ``a @ b`` (input dtype) None unless ``keep`` (a backward will need them)."""
     spec = _kernels.SPEC_LAYERNORM
     m, n = a.shape[0], b.shape[1]
-    args = (*_operands(a, b, weight, bias), eps)
+    args = (*contiguous_operands(a, b, weight, bias), eps)
     stats = return_stats or keep
     if m == 0 or n == 0:
         use_fused(spec, args, fused if fused is not None else False)  # fused=True past the limit raises
@@ -144,7 +145,7 @@ def _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused, keep=False) -> 
     """(y, rstd, product), as :func:`_matmul_layernorm_eager`."""
     spec = _kernels.SPEC_RMSNORM
     m, n = a.shape[0], b.shape[1]
-    args = (*_operands(a, b, weight), eps)
+    args = (*contiguous_operands(a, b, weight), eps)
     stats = return_rstd or keep
     if m == 0 or n == 0:
         use_fused(spec, args, fused if fused is not None else False)

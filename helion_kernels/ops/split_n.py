@@ -18,15 +18,11 @@ from .. import checks, registry, runtime
 from ..spec import Shape
 from ..grads import deferred_grads
 from ._op import Op
-from .postnorm import backward_layernorm, backward_rmsnorm, setup_layernorm, setup_rmsnorm
+from .postnorm import backward_layernorm, backward_rmsnorm, contiguous_operands, setup_layernorm, setup_rmsnorm
 from .prenorm import fold_rmsnorm_weight
 
 _row_sweep = runtime.LazyModule("helion_kernels.kernels.postnorm_split_n")
 _deferred = runtime.LazyModule("helion_kernels.kernels.postnorm_deferred")
-
-
-def _operands(a, b, *params) -> tuple:
-    return (a.contiguous(), b.contiguous(), *(None if p is None else p.contiguous() for p in params))
 
 
 def _nan_stats(a: torch.Tensor, m: int) -> torch.Tensor:
@@ -38,7 +34,7 @@ def _layernorm_split_n(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | 
     m, n = a.shape[0], b.shape[1]
     if m == 0 or n == 0:
         return a.new_empty(m, n), _nan_stats(a, m), _nan_stats(a, m)
-    return runtime.launch(_row_sweep.SPEC_LAYERNORM, (*_operands(a, b, weight, bias), eps))
+    return runtime.launch(_row_sweep.SPEC_LAYERNORM, (*contiguous_operands(a, b, weight, bias), eps))
 
 
 def _layernorm_split_n_fake(a, b, weight, bias, eps):
@@ -51,7 +47,7 @@ def _rmsnorm_split_n(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | No
     m, n = a.shape[0], b.shape[1]
     if m == 0 or n == 0:
         return a.new_empty(m, n), _nan_stats(a, m)
-    return runtime.launch(_row_sweep.SPEC_RMSNORM, (*_operands(a, b, weight), eps))
+    return runtime.launch(_row_sweep.SPEC_RMSNORM, (*contiguous_operands(a, b, weight), eps))
 
 
 def _rmsnorm_split_n_fake(a, b, weight, eps):
