@@ -2,8 +2,11 @@
 
 For each row (layer, M, K, N) of a training workload (default ``training``), bf16 inputs,
 parameters and output gradient, ``x`` requiring grad (a layer inside a network), the same
-timer for every column (``triton.testing.do_bench``, median, not graph-captured: the compiled
-and Helion steps are timed the same way):
+timer for every column of a row: ``--timer plain`` (default) is ``triton.testing.do_bench``,
+median, not graph-captured (what an eager training loop sees, host overhead included);
+``--timer graph`` replays each step as a CUDA graph (``triton.testing.do_bench_cudagraph``,
+median: GPU time alone, what a loop that captures its step sees). A row where any column
+cannot be captured is timed plain for every column, and its ``timer`` column says so.
 
 * ``gemms``: the layer's three cuBLAS GEMMs alone (forward, dgrad, wgrad): the floor where
   the norm costs nothing; ``helion_gemms``: the same three as this package's Helion GEMM;
@@ -16,9 +19,11 @@ Also: peak memory of one step (fused vs compiled), the share of the norm's cost 
 ``(compiled - fused) / (compiled - gemms)``, and each output gradient checked against the
 compiled pair's.
 
-    python bench/training_step.py [--where "layer == 'linear_layernorm'"] [--out DIR]
+    python bench/training_step.py [--where "layer == 'linear_layernorm'"] [--timer graph] [--bias] [--out DIR]
 
-Writes ``training_step_<workload>[_<where>].{csv,md,json,png}`` to ``bench/results/<gpu>/``.
+``--bias``: the Linear has a bias (added inside the post-norm kernels). Writes
+``training_step_<workload>[_bias][_graph][_<where>].{csv,md,json,png}`` to
+``bench/results/<gpu>/``.
 """
 
 from __future__ import annotations
@@ -43,10 +48,10 @@ NORMS = {"rmsnorm_linear": nn.RMSNorm, "linear_layernorm": nn.LayerNorm, "linear
 MODULES = {"rmsnorm_linear": RMSNormLinear, "linear_layernorm": LinearLayerNorm, "linear_rmsnorm": LinearRMSNorm}
 
 
-def _pair(layer: str, k: int, n: int) -> nn.Module:
+def _pair(layer: str, k: int, n: int, bias: bool = False) -> nn.Module:
     if layer == "rmsnorm_linear":
-        return nn.Sequential(nn.RMSNorm(k, eps=1e-5), nn.Linear(k, n, bias=False))
-    return nn.Sequential(nn.Linear(k, n, bias=False), NORMS[layer](n, eps=1e-5))
+        return nn.Sequential(nn.RMSNorm(k, eps=1e-5), nn.Linear(k, n, bias=bias))
+    return nn.Sequential(nn.Linear(k, n, bias=bias), NORMS[layer](n, eps=1e-5))
 
 
 def _fused(layer: str, pair: nn.Sequential) -> nn.Module:
@@ -101,17 +106,30 @@ def _paths(layer: str, fused: nn.Module, x: torch.Tensor) -> tuple[str, str]:
     spec = postnorm_full_row.SPEC_LAYERNORM if layer == "linear_layernorm" else postnorm_full_row.SPEC_RMSNORM
     params = (fused.norm.weight, fused.norm.bias) if layer == "linear_layernorm" else (fused.norm.weight,)
     forward = postnorm.use_fused(spec, (x.detach(), w.t(), *params, 1e-5))
-    return (("fused kernel" if forward else "cuBLAS + inductor norm") + " (writes a @ b)",
-            "inductor norm backward on the kept a @ b + cuBLAS GEMMs")
+    return (("fused kernel" if forward else "cuBLAS + inductor norm") + " (writes the norm input)",
+            "inductor norm backward on the kept norm input + cuBLAS GEMMs")
 
 
-def bench_row(layer: str, m: int, k: int, n: int) -> dict:
-    from triton.testing import do_bench
+def _time_all(steps: dict, timer: str) -> tuple[dict, str]:
+    """(median ms per column, the timer used): every column by CUDA-graph replay, or, when
+    ``timer`` is "plain" or any column cannot be captured, every column by plain do_bench."""
+    from triton.testing import do_bench, do_bench_cudagraph
 
+    if timer == "graph":
+        try:
+            return {name: do_bench_cudagraph(fn, return_mode="median") for name, fn in steps.items()}, "graph"
+        except Exception as err:  # a column that cannot be captured: time the whole row plain
+            torch.cuda.synchronize()
+            print(f"  CUDA-graph capture failed ({type(err).__name__}: {str(err)[:200]}); timing this row plain",
+                  flush=True)
+    return {name: do_bench(fn, return_mode="median") for name, fn in steps.items()}, "plain"
+
+
+def bench_row(layer: str, m: int, k: int, n: int, timer: str = "plain", bias: bool = False) -> dict:
     torch._dynamo.reset()
     torch.manual_seed(0)
     dev, dt = torch.device("cuda"), torch.bfloat16
-    pair = _pair(layer, k, n).to(dev, dt)
+    pair = _pair(layer, k, n, bias).to(dev, dt)
     with torch.no_grad():
         for p in pair.parameters():
             if p.dim() == 1:
@@ -148,8 +166,8 @@ def bench_row(layer: str, m: int, k: int, n: int) -> dict:
             row[f"{name}_check"] = "ok"
         except AssertionError as err:
             row[f"{name}_grad_rel_error"], row[f"{name}_check"] = float("inf"), f"FAILED: {err}"
-    for name, fn in steps.items():
-        row[f"{name}_ms"] = do_bench(fn, return_mode="median")
+    times, row["timer"] = _time_all(steps, timer)
+    row.update({f"{name}_ms": ms for name, ms in times.items()})
     row["fused_peak_mib"] = _peak_mib(steps["fused"])
     row["compiled_peak_mib"] = _peak_mib(steps["compiled"])
     best = min(row["fused_ms"], row["fused_compiled_ms"])
@@ -188,6 +206,9 @@ def main() -> int:
     ap.add_argument("--workload", default="training")
     ap.add_argument("--where", default=None)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--timer", choices=["plain", "graph"], default="plain",
+                    help="plain do_bench (host overhead included) or CUDA-graph replay (GPU time)")
+    ap.add_argument("--bias", action="store_true", help="Linear with a bias (default: without)")
     args = ap.parse_args()
     try:
         table = load_workload(args.workload, args.where)
@@ -201,17 +222,20 @@ def main() -> int:
     ceilings = measure_ceilings(device)
     rows = []
     for r in table.to_dict("records"):
-        rows.append(bench_row(r["layer"], int(r["M"]), int(r["K"]), int(r["N"])))
+        rows.append(bench_row(r["layer"], int(r["M"]), int(r["K"]), int(r["N"]), args.timer, args.bias))
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
     df = pd.DataFrame(rows)
     meta = run_meta(device, ceilings, inputs="bf16 inputs, parameters (affine ~ 1 +- 0.1) and output gradient; "
-                                            "x requires grad; Linear without bias",
+                                            "x requires grad; Linear " + ("with" if args.bias else "without") + " bias",
                     baselines="gemms/helion_gemms: the layer's forward, dgrad and wgrad GEMMs alone; eager / "
                               "compiled (torch.compile default mode) PyTorch pair; liger: Liger's norm + nn.Linear")
-    meta["timing"] = "triton.testing.do_bench, median, not graph-captured, the same for every column"
-    meta["command"] = "python bench/training_step.py" + (f" --where {args.where!r}" if args.where else "")
-    stem = f"training_step_{args.workload}" + ("_" + re.sub(r"[^A-Za-z0-9]+", "_", args.where).strip("_")
-                                                 if args.where else "")
+    meta["timing"] = ("triton.testing.do_bench_cudagraph (CUDA-graph replay), median, every column of a row; "
+                      "rows whose timer column says plain: do_bench for every column" if args.timer == "graph" else
+                      "triton.testing.do_bench, median, not graph-captured, the same for every column")
+    meta["command"] = ("python bench/training_step.py" + (f" --where {args.where!r}" if args.where else "")
+                       + (" --timer graph" if args.timer == "graph" else "") + (" --bias" if args.bias else ""))
+    stem = (f"training_step_{args.workload}" + ("_bias" if args.bias else "") + ("_graph" if args.timer == "graph" else "")
+            + ("_" + re.sub(r"[^A-Za-z0-9]+", "_", args.where).strip("_") if args.where else ""))
     out = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
     paths = write_results(df, meta, out, stem, plot, notes=(
         "`norm_share_removed_pct` = (compiled - best fused) / (compiled - gemms): 100 = the norm is free",))

@@ -97,6 +97,20 @@ def norm_params(op: str, a: torch.Tensor, n: int, eps, dim: str = "N", **params)
     return finite(op, "eps", eps, minimum=0.0)
 
 
+def residual(op: str, residual, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``residual`` None or a float tensor [M, N] (``a`` [M, K] @ ``b`` [K, N]) on their device."""
+    if residual is None:
+        return
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"{op}: residual must be a torch.Tensor or None, got {type(residual).__name__}")
+    shape = (a.shape[0], b.shape[1])
+    if tuple(residual.shape) != shape:
+        raise ValueError(f"{op}: residual must have shape [M, N] = {shape}, got {tuple(residual.shape)}")
+    if not residual.is_floating_point():
+        raise TypeError(f"{op}: residual must be floating point, got {residual.dtype}")
+    same_device(op, a, residual)
+
+
 def no_grad(op: str, *tensors: torch.Tensor | None) -> None:
     """NotImplementedError when autograd would need a backward these ops do not have yet."""
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):

@@ -12,9 +12,9 @@ What each forward saves, and why (the cheapest set that rebuilds the normalised 
 
 * pre-norm ``rms_norm(a) @ b``: ``a``, ``b`` (alive anyway: the layer's input and weight)
   and the fp32 ``rstd`` [M]; ``x_hat = a * rstd`` is rebuilt on the fly.
-* full-row post-norm ``norm(a @ b)``: ``a``, ``b``, the affine parameters, the product
-  ``c = a @ b`` in the input dtype (written by the forward, fused or not, only when autograd
-  records the call) and the fp32 ``mean``/``rstd``. Recomputing ``c`` would cost a whole GEMM
+* full-row post-norm ``norm(a @ b [+ linear_bias] [+ residual])``: ``a``, ``b``, the affine
+  parameters, the norm's input ``c = a @ b [+ ...]`` in the input dtype (written by the
+  forward, fused or not, only when autograd records the call) and the fp32 ``mean``/``rstd``. Recomputing ``c`` would cost a whole GEMM
   in the backward; rebuilding ``x_hat`` from the output, ``(y - bias) / weight``, fails where a
   weight element is 0 (a common initialisation of a residual branch's norm) and loses
   precision where ``|bias| >> |weight * x_hat|``. Keeping ``c`` costs one [M, N] write in the
@@ -135,34 +135,49 @@ def postnorm_stats(c: torch.Tensor, kind: str, eps: float):
     return None, torch.rsqrt(c32.pow(2).mean(dim=1) + eps)
 
 
-def postnorm_row_backward(dy, c, mean, rstd, weight, need_weight: bool = True, need_bias: bool = False):
-    """(dc in ``c.dtype``, dweight fp32 [N] or None, dbias fp32 [N] or None) of
-    ``y = norm(c) * weight + bias`` over the rows of ``c`` [M, N], from the forward's fp32
-    ``mean`` (None: RMSNorm) and ``rstd``; ``weight`` None: no affine weight."""
+def postnorm_row_backward(dy, c, mean, rstd, weight, need_weight: bool = True, need_bias: bool = False,
+                          need_c_sum: bool = False):
+    """(dc in ``c.dtype``, dweight fp32 [N] or None, dbias fp32 [N] or None, the fp32 column
+    sum of dc [N] or None) of ``y = norm(c) * weight + bias`` over the rows of ``c`` [M, N],
+    from the forward's fp32 ``mean`` (None: RMSNorm) and ``rstd``; ``weight`` None: no affine
+    weight. The column sum of dc is the gradient of a Linear bias added into ``c``."""
     dy32 = _f32(dy)
     x_hat = (_f32(c) if mean is None else _f32(c) - mean[:, None]) * rstd[:, None]
     g = dy32 if weight is None else dy32 * _f32(weight)
-    dc = (rms_row_backward if mean is None else layer_row_backward)(g, x_hat, rstd).to(c.dtype)
+    dc = (rms_row_backward if mean is None else layer_row_backward)(g, x_hat, rstd)
     dweight = (dy32 * x_hat).sum(dim=0) if need_weight and weight is not None else None
     dbias = dy32.sum(dim=0) if need_bias else None
-    return dc, dweight, dbias
+    return dc.to(c.dtype), dweight, dbias, dc.sum(dim=0) if need_c_sum else None
 
 
-def postnorm_grads(kind: str, a, b, weight, bias, eps: float, dy, needs: tuple[bool, bool, bool, bool],
-                   saved: tuple | None = None):
-    """(dA, dB, dWeight, dBias) of ``y = norm(a @ b) * weight + bias`` over N, ``kind`` being
-    ``"layernorm"`` or ``"rmsnorm"`` (no bias). ``saved``: the forward's ``(c, mean, rstd)``
-    (``c = a @ b`` in the input dtype, fp32 statistics, ``mean`` None for RMSNorm); None
-    recomputes them (one GEMM)."""
+def postnorm_grads(kind: str, a, b, weight, bias, eps: float, dy, needs: tuple[bool, ...],
+                   saved: tuple | None = None,
+                   addend_dtypes: tuple[torch.dtype | None, torch.dtype | None] = (None, None)):
+    """Gradients of ``y = norm(h) * weight + bias`` over N, ``h = a @ b [+ linear_bias]
+    [+ residual]``, ``kind`` being ``"layernorm"`` or ``"rmsnorm"`` (no bias): (dA, dB,
+    dWeight, dBias, dLinearBias, dResidual), each None unless ``needs`` (one flag per input in
+    that order; missing flags are False) asks for it and the input exists. ``saved``: the
+    forward's ``(h, mean, rstd)`` (``h`` in the input dtype, fp32 statistics, ``mean`` None for
+    RMSNorm); None recomputes them from ``a @ b`` (one GEMM; only for calls without addends).
+    ``addend_dtypes``: the dtypes of the forward's ``linear_bias`` [N] and ``residual`` [M, N]
+    (None where absent), which their gradients take; the Linear bias's gradient is the fp32
+    column sum of dh, the residual's is dh."""
+    needs = (*needs, False, False, False, False, False, False)[:6]
     if saved is None:
+        if addend_dtypes != (None, None):
+            raise ValueError("postnorm_grads: recomputing h needs the forward's saved h when it has addends")
         c = torch.mm(a, b)
         mean, rstd = run_compiled(postnorm_stats, c, kind, eps)
     else:
         c, mean, rstd = saved
-    dc, dweight, dbias = run_compiled(postnorm_row_backward, dy, c, mean, rstd, weight, needs[2],
-                                      needs[3] and bias is not None)
+    linear_bias_dtype, residual_dtype = addend_dtypes
+    need_linear_bias = needs[4] and linear_bias_dtype is not None
+    dc, dweight, dbias, dc_sum = run_compiled(postnorm_row_backward, dy, c, mean, rstd, weight, needs[2],
+                                              needs[3] and bias is not None, need_linear_bias)
     da, db = matmul_grads(a, b, dc, needs[0], needs[1])
-    return da, db, _param_grad(dweight, weight, needs[2]), _param_grad(dbias, bias, needs[3])
+    dresidual = dc.to(residual_dtype) if needs[5] and residual_dtype is not None else None
+    return (da, db, _param_grad(dweight, weight, needs[2]), _param_grad(dbias, bias, needs[3]),
+            dc_sum.to(linear_bias_dtype) if need_linear_bias else None, dresidual)
 
 
 def deferred_grads(a, b, c, x, rstd, dout, needs: tuple[bool, bool, bool]):

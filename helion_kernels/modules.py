@@ -11,18 +11,17 @@ torch itself once per state (on CUDA autocast runs ``layer_norm`` in fp32, so
 in torch 2.11). ``nn.RMSNorm(eps=None)`` keeps its meaning: the epsilon of the dtype torch's
 ``rms_norm`` computes in (fp32 for bf16 inputs too). Gradients land in the parameters' dtype.
 
-The ops take ``nn.Linear``'s [N, K] weight as its transposed view; an RMSNorm weight in
-front of the GEMM is folded into it once per call (a [K, N] temporary, never a second
-parameter), and the post-norm ops still copy the view to a contiguous [K, N] per call (K * N
-elements; reading it in place is not done yet). What runs fused today, and what does not yet:
+The ops take ``nn.Linear``'s [N, K] weight as its transposed view and the post-norm kernels
+read it in place (no copy per call); the pre-norm folds an RMSNorm weight into it once per
+call (a [K, N] temporary with the view's layout, never a second parameter). What runs:
 
 * :class:`RMSNormLinear`: ``rmsnorm_matmul``; the Linear bias is added after the kernel
   (one elementwise pass over the output).
 * :class:`LinearLayerNorm`, :class:`LinearRMSNorm`: ``matmul_layernorm`` /
-  ``matmul_rmsnorm`` (fused or cuBLAS + inductor norm, as the registry decided) when the
-  Linear has no bias and no residual is given; otherwise ``F.linear`` (+ residual) and the
-  standalone norm, because the bias and the residual must be added before the norm's
-  statistics and the kernels do not take them yet.
+  ``matmul_rmsnorm`` (fused or cuBLAS + inductor norm, as the registry decided), with the
+  Linear bias and the optional residual added to the fp32 accumulator before the norm's
+  statistics (``linear_bias=`` / ``residual=`` of the ops); past the full-row N limit the
+  ops run cuBLAS (bias in its epilogue) + the compiled norm.
 
 Source of the techniques: the PyTorch blog "Towards Free Normalization" (Meta, 2026).
 """
@@ -36,16 +35,25 @@ from torch import nn
 from .ops import matmul_layernorm, matmul_rmsnorm, rmsnorm_matmul
 
 
-def _compute_dtypes(x: torch.Tensor, norm: nn.Module, norm_input: str) -> tuple[torch.dtype, torch.dtype]:
+def _compute_dtypes(x: torch.Tensor, norm: nn.Module, norm_input: str,
+                    residual: torch.Tensor | None = None) -> tuple[torch.dtype, torch.dtype]:
     """(dtype of the GEMM, dtype the pair's norm computes in and returns). Under autocast on
     ``x``'s device: the autocast dtype, and what the norm does to an input of the dtype it
-    sees (``norm_input``: "x" for a pre-norm, "gemm" for a post-norm); else ``x.dtype``."""
+    sees (``norm_input``: "x" for a pre-norm, "gemm" for a post-norm, promoted with a
+    residual's dtype as ``linear(x) + residual`` is); else ``x.dtype`` (promoted likewise)."""
     device = x.device.type
+    extra = () if residual is None else (residual.dtype,)
     if not torch.is_autocast_enabled(device):
-        return x.dtype, x.dtype
+        return x.dtype, _promote(x.dtype, *extra)
     gemm = torch.get_autocast_dtype(device)
-    seen = x.dtype if norm_input == "x" else gemm
+    seen = x.dtype if norm_input == "x" else _promote(gemm, *extra)
     return gemm, _autocast_norm_dtype(type(norm).__name__, device, gemm, seen)
+
+
+def _promote(dtype: torch.dtype, *others: torch.dtype) -> torch.dtype:
+    for other in others:
+        dtype = torch.promote_types(dtype, other)
+    return dtype
 
 
 def _autocast_norm_dtype(norm: str, device: str, autocast_dtype: torch.dtype, input_dtype: torch.dtype) -> torch.dtype:
@@ -144,29 +152,25 @@ class _LinearNorm(_NormLinearPair):
 
     _normalized = "out_features"
 
-    def _fused(self, a: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        raise NotImplementedError
-
-    def _unfused(self, h: torch.Tensor, eps: float) -> torch.Tensor:
+    def _op(self, a: torch.Tensor, weight: torch.Tensor, eps: float, **addends) -> torch.Tensor:
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """``norm(linear(x) + residual)`` (a post-LN block); ``residual`` [..., N] or None."""
-        gemm_dtype, norm_dtype = _compute_dtypes(x, self.norm, "gemm")
+        """``norm(linear(x) + residual)`` (a post-LN block); ``residual`` [..., N] or None.
+        The Linear bias and the residual are added inside the kernel, before the statistics."""
+        gemm_dtype, norm_dtype = _compute_dtypes(x, self.norm, "gemm", residual)
         lead, k = x.shape[:-1], x.shape[-1]
+        n = self.linear.out_features
         eps = _eps(self.norm, norm_dtype)
         with torch.autocast(x.device.type, enabled=False):
             a = x.reshape(-1, k).to(gemm_dtype)
-            weight = self.linear.weight.to(gemm_dtype)
-            if self.linear.bias is None and residual is None:
-                y = self._fused(a, weight.t(), eps)
-            else:  # added before the statistics: not in the kernels yet
-                bias = None if self.linear.bias is None else self.linear.bias.to(gemm_dtype)
-                h = F.linear(a, weight, bias)
-                if residual is not None:
-                    h = h + residual.reshape(h.shape).to(gemm_dtype)
-                y = self._unfused(h.to(norm_dtype), eps)
-        return y.to(norm_dtype).reshape(*lead, y.shape[-1])
+            weight = self.linear.weight.to(gemm_dtype).t()  # [K, N] view, read in place
+            addends = {"linear_bias": self.linear.bias,
+                       "residual": None if residual is None else residual.reshape(-1, n)}
+            y = self._op(a, weight, eps, **addends)
+        return y.to(norm_dtype).reshape(*lead, n)
+
+
 class LinearLayerNorm(_LinearNorm):
     """``norm(linear(x) [+ residual])`` with ``linear = nn.Linear(K, N)``, ``norm =
     nn.LayerNorm(N)``: the post-norm of a GEMM, fused where tuning measured it faster
@@ -174,7 +178,7 @@ class LinearLayerNorm(_LinearNorm):
 
     Args:
         in_features, out_features: K and N.
-        bias: whether the Linear has a bias (a bias runs the unfused path, see the module doc).
+        bias: whether the Linear has a bias (added inside the kernel, before the norm).
         eps, elementwise_affine, norm_bias: as ``nn.LayerNorm``'s eps, elementwise_affine, bias.
 
     Shapes: ``x`` [..., K] -> [..., N].
@@ -188,11 +192,8 @@ class LinearLayerNorm(_LinearNorm):
                                       device=device, dtype=dtype),
                          nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype))
 
-    def _fused(self, a, weight, eps):
-        return matmul_layernorm(a, weight, self.norm.weight, self.norm.bias, eps)
-
-    def _unfused(self, h, eps):
-        return F.layer_norm(h, self.norm.normalized_shape, self.norm.weight, self.norm.bias, eps)
+    def _op(self, a, weight, eps, **addends):
+        return matmul_layernorm(a, weight, self.norm.weight, self.norm.bias, eps, **addends)
 
 
 class LinearRMSNorm(_LinearNorm):
@@ -213,8 +214,5 @@ class LinearRMSNorm(_LinearNorm):
                                     dtype=dtype),
                          nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype))
 
-    def _fused(self, a, weight, eps):
-        return matmul_rmsnorm(a, weight, self.norm.weight, eps)
-
-    def _unfused(self, h, eps):
-        return F.rms_norm(h, self.norm.normalized_shape, self.norm.weight, eps)
+    def _op(self, a, weight, eps, **addends):
+        return matmul_rmsnorm(a, weight, self.norm.weight, eps, **addends)

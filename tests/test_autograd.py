@@ -43,7 +43,17 @@ def _leaves(m, k, n, n2, dtype, seed, affine=True):
         "w": leaf(1 + 0.2 * torch.randn(n, generator=gen), torch.float32) if affine else None,
         "bias": leaf(0.2 * torch.randn(n, generator=gen), torch.float32) if affine else None,
         "wk": leaf(1 + 0.2 * torch.randn(k, generator=gen), torch.float32) if affine else None,
+        # the post-norm addends (a Linear bias, fp32 as under autocast; a residual) and an
+        # nn.Linear-layout weight [N, K], passed as its transposed view
+        "lb": leaf(0.5 * torch.randn(n, generator=gen), torch.float32),
+        "res": leaf(torch.randn(m, n, generator=gen)),
+        "wt": leaf(torch.randn(n, k, generator=gen) / k**0.5),
     }
+
+
+def _h(x):
+    """The post-norm addend cases' norm input, in plain PyTorch: ``x @ W^T + lb + res``."""
+    return x["a"] @ x["wt"].t() + x["lb"] + x["res"]
 
 
 # name -> (the op, the same function in plain PyTorch); both take the leaves dict.
@@ -68,6 +78,22 @@ OPS = {
                        lambda x: F.rms_norm(x["a"] @ x["b"], (x["b"].shape[1],), x["w"], EPS)),
     "matmul_rmsnorm_unfused": (lambda x: hk.matmul_rmsnorm(x["a"], x["b"], x["w"], EPS, fused=False),
                                lambda x: F.rms_norm(x["a"] @ x["b"], (x["b"].shape[1],), x["w"], EPS)),
+    # a Linear bias and a residual added before the norm, the weight read as W.t() in place
+    "matmul_layernorm_addends": (
+        lambda x: hk.matmul_layernorm(x["a"], x["wt"].t(), x["w"], x["bias"], EPS, linear_bias=x["lb"],
+                                      residual=x["res"]),
+        lambda x: F.layer_norm(_h(x), (x["b"].shape[1],), x["w"], x["bias"], EPS)),
+    "matmul_layernorm_addends_unfused": (
+        lambda x: hk.matmul_layernorm(x["a"], x["wt"].t(), x["w"], x["bias"], EPS, linear_bias=x["lb"],
+                                      residual=x["res"], fused=False),
+        lambda x: F.layer_norm(_h(x), (x["b"].shape[1],), x["w"], x["bias"], EPS)),
+    "matmul_rmsnorm_addends": (
+        lambda x: hk.matmul_rmsnorm(x["a"], x["wt"].t(), x["w"], EPS, linear_bias=x["lb"], residual=x["res"]),
+        lambda x: F.rms_norm(_h(x), (x["b"].shape[1],), x["w"], EPS)),
+    "matmul_rmsnorm_addends_unfused": (
+        lambda x: hk.matmul_rmsnorm(x["a"], x["wt"].t(), x["w"], EPS, linear_bias=x["lb"], residual=x["res"],
+                                    fused=False),
+        lambda x: F.rms_norm(_h(x), (x["b"].shape[1],), x["w"], EPS)),
     "matmul_layernorm_split_n": (
         lambda x: hk.matmul_layernorm_split_n(x["a"], x["b"], x["w"], x["bias"], EPS),
         lambda x: F.layer_norm(x["a"] @ x["b"], (x["b"].shape[1],), x["w"], x["bias"], EPS)),
@@ -214,11 +240,16 @@ def test_compiled_training_step(name):
 def _opcheck_cases():
     x = _leaves(9, 24, 20, 12, torch.float32, seed=8)
     a, b, c, w, bias = x["a"], x["b"], x["c"], x["w"], x["bias"]
+    lb, res, wt = x["lb"], x["res"], x["wt"]
     return [
-        ("matmul_layernorm", postnorm._LAYERNORM, (a, b, w, bias, EPS, True, None, True)),
-        ("matmul_layernorm_unfused", postnorm._LAYERNORM, (a, b, w, bias, EPS, False, False, True)),
-        ("matmul_rmsnorm", postnorm._RMSNORM, (a, b, w, EPS, True, False, True)),
-        ("matmul_rmsnorm_fused", postnorm._RMSNORM, (a, b, w, EPS, False, True, True)),
+        ("matmul_layernorm", postnorm._LAYERNORM, (a, b, w, bias, EPS, True, None, True, None, None)),
+        ("matmul_layernorm_unfused", postnorm._LAYERNORM, (a, b, w, bias, EPS, False, False, True, None, None)),
+        ("matmul_layernorm_addends", postnorm._LAYERNORM, (a, wt.t(), w, bias, EPS, False, None, True, lb, res)),
+        ("matmul_layernorm_addends_unfused", postnorm._LAYERNORM,
+         (a, wt.t(), w, bias, EPS, False, False, True, lb, res)),
+        ("matmul_rmsnorm", postnorm._RMSNORM, (a, b, w, EPS, True, False, True, None, None)),
+        ("matmul_rmsnorm_fused", postnorm._RMSNORM, (a, b, w, EPS, False, True, True, None, None)),
+        ("matmul_rmsnorm_addends", postnorm._RMSNORM, (a, b, w, EPS, False, None, True, lb, res)),
         ("rmsnorm_matmul", prenorm._OP, (a, b, EPS, None)),
         ("rmsnorm_matmul_unfused", prenorm._OP, (a, b, EPS, False)),
         ("matmul_layernorm_split_n", split_n._LAYERNORM, (a, b, w, bias, EPS)),
@@ -231,28 +262,32 @@ def test_opcheck_with_autograd(name, op, args):
     torch.library.opcheck(op.custom_op, args)
 
 
-def test_eager_training_calls_go_through_the_op(monkeypatch):
-    """A call autograd records uses the registered op (its backward); one it does not,
-    the direct implementation."""
+def test_eager_training_calls_skip_the_dispatcher(monkeypatch):
+    """A call autograd records runs the op's autograd Function (its backward, without the
+    dispatcher); one it does not, the direct implementation; neither the registered op."""
     leaves = _leaves(8, 16, 24, 8, torch.float32, seed=9)
     seen = []
-    real = postnorm._LAYERNORM.custom_op
-    monkeypatch.setattr(postnorm._LAYERNORM, "custom_op", lambda *a: seen.append("op") or real(*a))
-    hk.matmul_layernorm(leaves["a"], leaves["b"], leaves["w"], leaves["bias"])
+    op = postnorm._LAYERNORM
+    real = op.function.apply
+    monkeypatch.setattr(op, "custom_op", lambda *a: pytest.fail("an eager call went through the dispatcher"))
+    monkeypatch.setattr(op.function, "apply", lambda *a: seen.append("function") or real(*a))
+    y = hk.matmul_layernorm(leaves["a"], leaves["b"], leaves["w"], leaves["bias"])
+    assert type(y.grad_fn).__name__ == "matmul_layernormBackward"
     with torch.no_grad():
         hk.matmul_layernorm(leaves["a"], leaves["b"], leaves["w"], leaves["bias"])
-    assert seen == ["op"]
+    assert seen == ["function"]
 
 
 # --- gradcheck of the backward formulas (float64, any machine) ---------------------------
 
 
 class _PostNorm(torch.autograd.Function):
-    """float64 forward of ``norm(a @ b) * w + bias`` with the ops' backward formula."""
+    """float64 forward of ``norm(a @ b [+ lb + res]) * w + bias`` with the ops' backward
+    formula (addends only with ``saved``: the recomputing backward has none)."""
 
     @staticmethod
-    def forward(ctx, kind, saved, a, b, w, bias):
-        cc = a @ b
+    def forward(ctx, kind, saved, a, b, w, bias, lb=None, res=None):
+        cc = a @ b if lb is None else a @ b + lb + res
         if kind == "layernorm":
             var, mean = torch.var_mean(cc, dim=1, correction=0)
             rstd = torch.rsqrt(var + EPS)
@@ -261,6 +296,7 @@ class _PostNorm(torch.autograd.Function):
             mean, rstd = None, torch.rsqrt(cc.pow(2).mean(dim=1) + EPS)
             y = cc * rstd[:, None]
         ctx.kind, ctx.saved = kind, saved
+        ctx.addend_dtypes = (None, None) if lb is None else (lb.dtype, res.dtype)
         ctx.save_for_backward(a, b, w, bias, cc, mean, rstd)
         return y * w + (bias if bias is not None else 0)
 
@@ -268,9 +304,9 @@ class _PostNorm(torch.autograd.Function):
     def backward(ctx, dy):
         """With the forward's product and statistics (``saved``), or recomputing them."""
         a, b, w, bias, cc, mean, rstd = ctx.saved_tensors
-        needs = (True, True, True, bias is not None)
+        needs = (True, True, True, bias is not None, True, True)
         kept = (cc, mean, rstd) if ctx.saved else None
-        return (None, None, *_grad.postnorm_grads(ctx.kind, a, b, w, bias, EPS, dy, needs, kept))
+        return (None, None, *_grad.postnorm_grads(ctx.kind, a, b, w, bias, EPS, dy, needs, kept, ctx.addend_dtypes))
 
 
 class _PreNorm(torch.autograd.Function):
@@ -310,6 +346,10 @@ def test_gradcheck_backward_formulas():
         assert torch.autograd.gradcheck(lambda a, b, w, bias: _PostNorm.apply("layernorm", saved, a, b, w, bias),
                                         (a, b, w, bias))
         assert torch.autograd.gradcheck(lambda a, b, w: _PostNorm.apply("rmsnorm", saved, a, b, w, None), (a, b, w))
+    lb, res = t(4), t(3, 4)
+    for kind in ("layernorm", "rmsnorm"):
+        assert torch.autograd.gradcheck(
+            lambda a, b, w, bias, lb, res: _PostNorm.apply(kind, True, a, b, w, bias, lb, res), (a, b, w, bias, lb, res))
     assert torch.autograd.gradcheck(_PreNorm.apply, (a, b))
     assert torch.autograd.gradcheck(_Deferred.apply, (a, b, c))
     dc = t(3, 4).detach()

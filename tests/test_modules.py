@@ -91,12 +91,41 @@ def test_eps_none_on_small_activations(kind, dtype):
 
 
 @ON_DEVICE
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("kind", ["LinearLayerNorm", "LinearRMSNorm"])
-def test_residual_before_the_norm(kind):
-    pair = _pair(kind, 32, 24, False, 1e-5, torch.float32, seed=2)
+def test_bias_and_residual_inside_the_kernel(kind, dtype, monkeypatch):
+    """``norm(linear(x) + residual)`` with a Linear bias: one kernel launch that gets the bias,
+    the residual and the Linear's own weight storage (no copy), and every gradient (the
+    residual's too) against float64 autograd of the pair."""
+    from helion_kernels import runtime
+
+    launched = []
+    launch = runtime.launch
+    monkeypatch.setattr(runtime, "launch", lambda spec, args: launched.append(args) or launch(spec, args))
+    pair = _pair(kind, 32, 24, True, 1e-5, dtype, seed=2)
     module = _module(kind, pair)
-    x, r = torch.randn(5, 32, device=DEVICE), torch.randn(5, 24, device=DEVICE)
-    check_outputs(module(x, residual=r), pair[1](pair[0](x) + r), torch.float32)
+    x = torch.randn(2, 5, 32, device=DEVICE).to(dtype).requires_grad_()
+    r = torch.randn(2, 5, 24, device=DEVICE).to(dtype).requires_grad_()
+    probe = torch.randn(2, 5, 24, device=DEVICE)
+    out = module(x, residual=r)
+    (out.float() * probe).sum().backward()
+    if DEVICE == "cpu":  # reference mode runs the fused kernel (on a GPU the registry decides)
+        (args,) = launched
+        assert args[1].data_ptr() == pair[0].weight.data_ptr()  # W.t() read in place
+        n_params = 5 if kind == "LinearLayerNorm" else 4
+        assert args[n_params] is pair[0].bias and args[n_params + 1].shape == (10, 24)
+    ref_pair = copy.deepcopy(pair).double()
+    x64, r64 = (t.detach().double().requires_grad_() for t in (x, r))
+    ref = ref_pair[1](ref_pair[0](x64) + r64)
+    check_outputs(out, ref, dtype)
+    (ref * probe.double()).sum().backward()
+    tolerance = GRAD_TOLERANCE[dtype]
+    check_outputs(x.grad, x64.grad, dtype, tolerance=tolerance)
+    check_outputs(r.grad, r64.grad, dtype, tolerance=tolerance)
+    got = dict(module.named_parameters())
+    for prefix, ref_module in (("linear", ref_pair[0]), ("norm", ref_pair[1])):
+        for name, q in ref_module.named_parameters():
+            check_outputs(got[f"{prefix}.{name}"].grad, q.grad, dtype, tolerance=tolerance)
 
 
 @ON_DEVICE
@@ -158,7 +187,7 @@ def test_autocast_with_fp32_parameters(kind, eps):
     gradients."""
     if kind == "LinearLayerNorm" and eps is None:
         eps = 1e-6  # nn.LayerNorm has no eps=None
-    pair = _pair(kind, 256, 128, kind == "RMSNormLinear", eps, torch.float32, seed=6)
+    pair = _pair(kind, 256, 128, True, eps, torch.float32, seed=6)
     module = _module(kind, pair)
     x = torch.randn(4, 64, 256, device=DEVICE)
     with torch.autocast(DEVICE, dtype=torch.bfloat16):

@@ -60,9 +60,10 @@ def _inputs(op: str, shape: Shape, dtype, device, seed: int, affine: bool = True
 
 
 def _kernel_args(op: str, kw: dict) -> tuple:
-    """The kernel's positional arguments (what use_fused / resolved_config take)."""
+    """The kernel's positional arguments as the op launches them (what use_fused /
+    resolved_config take): no Linear bias, no residual."""
     params = (kw.get("weight"), kw.get("bias")) if op == LN else (kw.get("weight"),)
-    return (kw["a"], kw["b"], *params, float(kw.get("eps", 1e-5)))
+    return (kw["a"], kw["b"], *params, float(kw.get("eps", 1e-5)), None, None)
 
 
 def _call(op: str, kw: dict, *, stats: bool = False, fused=None):

@@ -1,6 +1,6 @@
-"""Backward kernels: the pre-norm dgrad kernel (the RMSNorm backward in the dgrad GEMM's
-epilogue) and the full-row post-norm kernels' optional ``product`` output (what their
-backward keeps). Reference mode, Triton interpreter and CUDA, against float64 references."""
+"""The pre-norm dgrad kernel (the RMSNorm backward in the dgrad GEMM's epilogue): reference
+mode, Triton interpreter and CUDA, against float64 references. (The full-row post-norm
+kernels' optional inputs and ``product`` output: ``test_postnorm_full_row_addends.py``.)"""
 
 from __future__ import annotations
 
@@ -8,12 +8,6 @@ import helion
 import pytest
 import torch
 
-from helion_kernels.kernels import postnorm_full_row
-from helion_kernels.kernels.postnorm_full_row import (
-    SPEC_LAYERNORM,
-    SPEC_RMSNORM,
-    with_product_slot,
-)
 from helion_kernels.kernels.rmsnorm_matmul_backward import (
     SPEC,
     rmsnorm_matmul_dgrad_kernel,
@@ -104,55 +98,3 @@ def test_dgrad_cuda(shape, config, dtype, device):
 def test_dgrad_cuda_fp32(shape, device):
     """fp32 with the default config (the bf16 seeds' tiles need more shared memory in fp32)."""
     _check_dgrad(shape, torch.float32, device, SPEC.default_config)
-
-
-# --- the full-row kernels' product output ------------------------------------------------
-
-
-def _with_product(spec, kernel, shape, dtype, device, config):
-    args = spec.make_args(shape, dtype, device, seed=4)
-    product = torch.empty(shape.M, shape.N, dtype=dtype, device=device)
-    if config is None:
-        out = kernel(*args, product)
-    else:
-        bound = kernel.bind((*args, product))
-        bound.set_config(with_product_slot(config, (*args, product)))
-        out = bound(*args, product)
-    expected = args[0].double() @ args[1].double()
-    check_outputs(product, expected, dtype)
-    check_outputs(out, spec.reference(*_f64(args)), dtype)
-
-
-@pytest.mark.ref_mode
-@pytest.mark.parametrize("spec", [SPEC_LAYERNORM, SPEC_RMSNORM], ids=lambda s: s.name)
-def test_full_row_product_reference_mode(spec, device):
-    _with_product(spec, spec.kernel, Shape(33, 100, 96), torch.bfloat16, device, None)
-
-
-@pytest.mark.triton_interpret
-@pytest.mark.parametrize("spec", [SPEC_LAYERNORM, SPEC_RMSNORM], ids=lambda s: s.name)
-def test_full_row_product_with_a_tuned_indexing_list(spec):
-    """A registry config lists one indexing entry per load/store of the kernel without the
-    product; with_product_slot appends the product store's."""
-    slots = 7 if spec is SPEC_LAYERNORM else 5
-    config = helion.Config(block_sizes=[16, 16, 32], num_warps=4, num_stages=1, indexing=["pointer"] * slots)
-    _with_product(spec, spec.kernel, Shape(33, 100, 96), torch.float32, "cpu", config)
-
-
-def test_product_slot_leaves_other_configs_alone():
-    config = helion.Config(block_sizes=[16, 16, 32], indexing="pointer")
-    assert with_product_slot(config, (None, None, 1e-5, torch.empty(0))) == config
-    listed = helion.Config(block_sizes=[16, 16, 32], indexing=["pointer"] * 5)
-    assert with_product_slot(listed, (None, None, 1e-5, None)) == listed
-    assert with_product_slot(listed, (None, None, 1e-5, torch.empty(0))).config["indexing"] == ["pointer"] * 6
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("spec", [SPEC_LAYERNORM, SPEC_RMSNORM], ids=lambda s: s.name)
-def test_full_row_product_cuda(spec, device):
-    shape = Shape(256, 512, 500)
-    args = spec.make_args(shape, torch.bfloat16, device, seed=4)
-    for config in (spec.default_config, *spec.seed_configs):
-        config = postnorm_full_row.fit_shared_memory(config, args)  # as the runtime fits a config
-        _with_product(spec, spec.kernel, shape, torch.bfloat16, device, config)
-

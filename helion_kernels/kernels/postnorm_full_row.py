@@ -31,6 +31,7 @@ Config ``block_sizes`` = [N tile (fixed: any value is raised to Npad), tile_m, t
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import helion
 import helion.language as hl
@@ -58,11 +59,16 @@ def matmul_layernorm_kernel(
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     eps: float,
+    linear_bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
     product: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``layer_norm(a @ b, (N,), weight, bias, eps)`` -> (c [M, N] in ``a.dtype``,
-    mean [M] fp32, rstd [M] fp32); fp32 accumulation and statistics. ``product``: an optional
-    [M, N] buffer that receives the un-normalised ``a @ b`` (what a backward needs).
+    """``layer_norm(h, (N,), weight, bias, eps)`` of ``h = a @ b [+ linear_bias] [+ residual]``
+    -> (c [M, N] in ``a.dtype``, mean [M] fp32, rstd [M] fp32); fp32 accumulation and
+    statistics. ``linear_bias`` [N] (a Linear's bias) and ``residual`` [M, N] are added to the
+    fp32 accumulator before the statistics (a post-LN block, ``norm(x + linear(h))``).
+    ``product``: an optional [M, N] buffer that receives ``h`` un-normalised, in its dtype
+    (what a backward needs).
 
     Config ``block_sizes`` = [N tile (fixed to Npad), tile_m, tile_k].
     """
@@ -77,7 +83,14 @@ def matmul_layernorm_kernel(
         acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
         for tile_k in hl.tile(k):
             acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
-        # Padded columns of acc are 0, so the plain sum is the sum over the N real columns.
+        # Loads of the optional addends come right after the k-loop's two (their indexing
+        # slots are inserted there: with_call_slots).
+        if linear_bias is not None:
+            acc = acc + linear_bias[tile_n].to(torch.float32)[None, :]
+        if residual is not None:
+            acc = acc + residual[tile_m, tile_n].to(torch.float32)
+        # Padded columns of acc are 0 (masked loads), so the plain sum is the sum over the
+        # N real columns.
         row_mean = torch.sum(acc, dim=1) / n
         # ... but acc - mean is not 0 there: mask it out of the variance.
         in_row = (tile_n.index < n)[None, :]
@@ -92,7 +105,7 @@ def matmul_layernorm_kernel(
         c[tile_m, tile_n] = y.to(c.dtype)
         mean[tile_m] = row_mean
         rstd[tile_m] = row_rstd
-        if product is not None:  # the last store: its indexing slot is appended (with_product_slot)
+        if product is not None:  # the last store: its indexing slot is appended (with_call_slots)
             product[tile_m, tile_n] = acc.to(product.dtype)
     return c, mean, rstd
 
@@ -103,10 +116,13 @@ def matmul_rmsnorm_kernel(
     b: torch.Tensor,
     weight: torch.Tensor | None,
     eps: float,
+    linear_bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
     product: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rms_norm(a @ b, (N,), weight, eps)`` -> (c [M, N] in ``a.dtype``, rstd [M] fp32);
-    fp32 accumulation and statistics; ``product`` as in :func:`matmul_layernorm_kernel`.
+    """``rms_norm(h, (N,), weight, eps)`` of ``h = a @ b [+ linear_bias] [+ residual]`` ->
+    (c [M, N] in ``a.dtype``, rstd [M] fp32); fp32 accumulation and statistics; the optional
+    addends and ``product`` as in :func:`matmul_layernorm_kernel`.
 
     Config ``block_sizes`` = [N tile (fixed to Npad), tile_m, tile_k].
     """
@@ -120,6 +136,10 @@ def matmul_rmsnorm_kernel(
         acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
         for tile_k in hl.tile(k):
             acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+        if linear_bias is not None:
+            acc = acc + linear_bias[tile_n].to(torch.float32)[None, :]
+        if residual is not None:
+            acc = acc + residual[tile_m, tile_n].to(torch.float32)
         # Padded columns of acc are 0 (masked loads), and so are their squares; the
         # explicit mask keeps that true whatever the loads' padding value.
         in_row = (tile_n.index < n)[None, :]
@@ -135,16 +155,27 @@ def matmul_rmsnorm_kernel(
     return c, rstd
 
 
+def _reference_h(a, b, linear_bias, residual, dt):
+    """``a @ b [+ linear_bias] [+ residual]`` in ``dt``."""
+    c = a.to(dt) @ b.to(dt)
+    if linear_bias is not None:
+        c = c + linear_bias.to(dt)
+    return c if residual is None else c + residual.to(dt)
+
+
 def matmul_layernorm_reference(
     a: torch.Tensor,
     b: torch.Tensor,
     weight: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     eps: float = EPS,
+    linear_bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Unfused ``layer_norm(a @ b)``, its row mean and rstd, in fp32 (float64 stays float64)."""
+    """Unfused ``layer_norm(a @ b [+ linear_bias] [+ residual])``, its row mean and rstd, in
+    fp32 (float64 stays float64)."""
     dt = reference_dtype(a.dtype)
-    c = a.to(dt) @ b.to(dt)
+    c = _reference_h(a, b, linear_bias, residual, dt)
     mean = c.mean(dim=1)
     centered = c - mean[:, None]
     rstd = torch.rsqrt(centered.pow(2).mean(dim=1) + eps)
@@ -161,10 +192,13 @@ def matmul_rmsnorm_reference(
     b: torch.Tensor,
     weight: torch.Tensor | None = None,
     eps: float = EPS,
+    linear_bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unfused ``rms_norm(a @ b)`` and its row rstd in fp32 (float64 stays float64)."""
+    """Unfused ``rms_norm(a @ b [+ linear_bias] [+ residual])`` and its row rstd in fp32
+    (float64 stays float64)."""
     dt = reference_dtype(a.dtype)
-    c = a.to(dt) @ b.to(dt)
+    c = _reference_h(a, b, linear_bias, residual, dt)
     rstd = torch.rsqrt(c.pow(2).mean(dim=1) + eps)
     y = c * rstd[:, None]
     if weight is not None:
@@ -291,14 +325,23 @@ def fit_shared_memory(config: helion.Config, args: tuple) -> helion.Config:
                             "block_sizes": [config.block_sizes[0], fitted[1], fitted[2]]})
 
 
-def with_product_slot(config: helion.Config, args: tuple) -> helion.Config:
-    """``config`` for a call that passes the optional ``product`` buffer (the last argument):
-    one more store, so a per-access ``indexing`` list gets one more slot ("pointer"); the
-    registry's configs are tuned without it."""
+def with_call_slots(config: helion.Config, args: tuple, first_optional: int) -> helion.Config:
+    """``config`` for a call that passes some of the optional tensors ``linear_bias``,
+    ``residual`` and ``product`` (at ``args[first_optional:]``, in that order).
+
+    The registry's configs are tuned without them, and a per-access ``indexing`` list has one
+    slot per load and store in program order: each addend is one more load right after the
+    k-loop's two (slots 2, 3), the product one more store after all others (the last slot).
+    The added slots are "pointer"; a single indexing string needs nothing.
+    """
     indexing = config.config.get("indexing")
-    if not isinstance(args[-1], torch.Tensor) or not isinstance(indexing, list):
+    present = [isinstance(t, torch.Tensor) for t in args[first_optional:first_optional + 3]]
+    present += [False] * (3 - len(present))
+    if not isinstance(indexing, list) or not any(present):
         return config
-    return helion.Config(**{**config.config, "indexing": [*indexing, "pointer"]})
+    loads = ["pointer"] * (present[0] + present[1])
+    indexing = [*indexing[:2], *loads, *indexing[2:], *(["pointer"] if present[2] else [])]
+    return helion.Config(**{**config.config, "indexing": indexing})
 
 
 # The smallest program, the one max_full_row_n is computed for: fits every N it accepts.
@@ -339,7 +382,7 @@ SPEC_LAYERNORM = KernelSpec(
     dispatch_baseline="cublas+inductor_norm",
     portable_config=portable_config,
     fit_config=fit_shared_memory,
-    call_config=with_product_slot,
+    call_config=functools.partial(with_call_slots, first_optional=5),
 )
 
 SPEC_RMSNORM = dataclasses.replace(
@@ -349,4 +392,5 @@ SPEC_RMSNORM = dataclasses.replace(
     make_args=_make_args_rmsnorm,
     reference=matmul_rmsnorm_reference,
     baselines=_baselines_rmsnorm,
+    call_config=functools.partial(with_call_slots, first_optional=4),
 )

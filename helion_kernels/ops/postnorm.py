@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from .. import checks, runtime
 from ..kernels.limits import check_full_row_n, max_full_row_n
 from ..grads import postnorm_grads
-from ._op import Op, filled, records_grad
+from ._op import Op, filled, gemm_operand, records_grad
 
 _kernels = runtime.LazyModule("helion_kernels.kernels.postnorm_full_row")
 
@@ -53,11 +53,13 @@ def use_fused(spec, args: tuple, fused: bool | None = None) -> bool:
     return runtime.fused_choice(spec, args)
 
 
-def _layer_norm(x, weight, bias, eps):
+def _layer_norm(x, residual, weight, bias, eps):
+    x = x if residual is None else x + residual.to(x.dtype)
     return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
 
-def _rms_norm(x, weight, eps):
+def _rms_norm(x, residual, weight, eps):
+    x = x if residual is None else x + residual.to(x.dtype)
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
@@ -100,74 +102,99 @@ def _like(param: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
 
 
 def contiguous_operands(a, b, *params) -> tuple:
-    """``a``, ``b`` and the optional affine parameters as contiguous tensors (None stays None)."""
-    return (a.contiguous(), b.contiguous(), *(None if p is None else p.contiguous() for p in params))
+    """``a`` and the optional affine parameters as contiguous tensors (None stays None), ``b``
+    as :func:`gemm_operand`."""
+    return (a.contiguous(), gemm_operand(b), *(None if p is None else p.contiguous() for p in params))
 
 
-def _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused, keep=False) -> tuple:
-    """(y, mean, rstd, product): the statistics are None unless ``return_stats`` or ``keep``,
-    the product ``a @ b`` (input dtype) None unless ``keep`` (a backward will need them)."""
+def contiguous_operands_or_none(*tensors) -> tuple:
+    """The optional addends, contiguous (None stays None)."""
+    return tuple(None if t is None else t.contiguous() for t in tensors)
+
+
+def _norm_input(a, b, linear_bias, residual, with_residual: bool = True) -> torch.Tensor:
+    """The unfused ``a @ b [+ linear_bias] [+ residual]`` in ``a.dtype`` (cuBLAS; the bias in
+    its epilogue)."""
+    c = torch.mm(a, b) if linear_bias is None else torch.addmm(linear_bias.to(a.dtype), a, b)
+    return c if residual is None or not with_residual else c + residual.to(c.dtype)
+
+
+def _empty_outputs(spec, args, a, m, n, fused, stats: int, keep: bool) -> tuple:
+    """What an op returns for M = 0 or N = 0: the output, ``stats`` NaN statistics (over no
+    columns) and the kept norm input, after the fused flag is checked."""
+    use_fused(spec, args, fused if fused is not None else False)  # fused=True past the limit raises
+    nan = torch.full((max(stats, 1), m), float("nan"), dtype=torch.float32, device=a.device)
+    return (a.new_empty(m, n), *(nan[i].clone() for i in range(stats)), a.new_empty(m, n) if keep else None)
+
+
+def _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused, keep=False, linear_bias=None,
+                            residual=None) -> tuple:
+    """(y, mean, rstd, h): the statistics are None unless ``return_stats`` or ``keep``, the
+    norm's input ``h = a @ b [+ linear_bias] [+ residual]`` (input dtype) None unless ``keep``
+    (a backward will need them)."""
     spec = _kernels.SPEC_LAYERNORM
     m, n = a.shape[0], b.shape[1]
-    args = (*contiguous_operands(a, b, weight, bias), eps)
+    args = (*contiguous_operands(a, b, weight, bias), eps, *contiguous_operands_or_none(linear_bias, residual))
     stats = return_stats or keep
     if m == 0 or n == 0:
-        use_fused(spec, args, fused if fused is not None else False)  # fused=True past the limit raises
-        if not stats:
-            return a.new_empty(m, n), None, None, None
-        nan = torch.full((2, m), float("nan"), dtype=torch.float32, device=a.device)  # over no columns
-        return a.new_empty(m, n), nan[0].clone(), nan[1].clone(), a.new_empty(m, n) if keep else None
+        y, mean, rstd, h = _empty_outputs(spec, args, a, m, n, fused, 2, keep)
+        return (y, mean, rstd, h) if stats else (y, None, None, None)
     if use_fused(spec, args, fused):
-        product = a.new_empty(m, n) if keep else None
-        y, mean, rstd = runtime.launch(spec, (*args, product) if keep else args)
-        return (y, mean, rstd, product) if stats else (y, None, None, None)
-    c = torch.mm(a, b)
+        h = a.new_empty(m, n) if keep else None
+        y, mean, rstd = runtime.launch(spec, (*args, h) if keep else args)
+        return (y, mean, rstd, h) if stats else (y, None, None, None)
     if not stats:
-        return _unfused_norm(_layer_norm, c, _like(weight, c), _like(bias, c), eps), None, None, None
-    y, mean, rstd = _unfused_norm(_layer_norm_stats, c, weight, bias, eps)
-    return y, mean, rstd, c if keep else None
+        c = _norm_input(a, b, linear_bias, residual, with_residual=False)
+        return _unfused_norm(_layer_norm, c, residual, _like(weight, c), _like(bias, c), eps), None, None, None
+    h = _norm_input(a, b, linear_bias, residual)
+    y, mean, rstd = _unfused_norm(_layer_norm_stats, h, weight, bias, eps)
+    return y, mean, rstd, h if keep else None
 
 
 def _matmul_layernorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None,
                       bias: torch.Tensor | None, eps: float, return_stats: bool,
-                      fused: bool | None, keep: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    return filled(a, _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused, keep))
+                      fused: bool | None, keep: bool, linear_bias: torch.Tensor | None,
+                      residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return filled(a, _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused, keep, linear_bias,
+                                             residual))
 
 
-def _matmul_layernorm_fake(a, b, weight, bias, eps, return_stats, fused, keep):
+def _matmul_layernorm_fake(a, b, weight, bias, eps, return_stats, fused, keep, linear_bias, residual):
     m, n = a.shape[0], b.shape[1]
     rows = m if return_stats or keep else 0
     return (a.new_empty(m, n), a.new_empty(rows, dtype=torch.float32), a.new_empty(rows, dtype=torch.float32),
             a.new_empty(m, n) if keep else a.new_empty(0, dtype=torch.float32))
 
 
-def _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused, keep=False) -> tuple:
-    """(y, rstd, product), as :func:`_matmul_layernorm_eager`."""
+def _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused, keep=False, linear_bias=None,
+                          residual=None) -> tuple:
+    """(y, rstd, h), as :func:`_matmul_layernorm_eager`."""
     spec = _kernels.SPEC_RMSNORM
     m, n = a.shape[0], b.shape[1]
-    args = (*contiguous_operands(a, b, weight), eps)
+    args = (*contiguous_operands(a, b, weight), eps, *contiguous_operands_or_none(linear_bias, residual))
     stats = return_rstd or keep
     if m == 0 or n == 0:
-        use_fused(spec, args, fused if fused is not None else False)
-        rstd = torch.full((m,), float("nan"), dtype=torch.float32, device=a.device)  # over no columns
-        return a.new_empty(m, n), rstd if stats else None, a.new_empty(m, n) if keep else None
+        y, rstd, h = _empty_outputs(spec, args, a, m, n, fused, 1, keep)
+        return y, rstd if stats else None, h
     if use_fused(spec, args, fused):
-        product = a.new_empty(m, n) if keep else None
-        y, rstd = runtime.launch(spec, (*args, product) if keep else args)
-        return y, rstd if stats else None, product
-    c = torch.mm(a, b)
+        h = a.new_empty(m, n) if keep else None
+        y, rstd = runtime.launch(spec, (*args, h) if keep else args)
+        return y, rstd if stats else None, h
     if not stats:
-        return _unfused_norm(_rms_norm, c, _like(weight, c), eps), None, None
-    y, rstd = _unfused_norm(_rms_norm_stats, c, weight, eps)
-    return y, rstd, c if keep else None
+        c = _norm_input(a, b, linear_bias, residual, with_residual=False)
+        return _unfused_norm(_rms_norm, c, residual, _like(weight, c), eps), None, None
+    h = _norm_input(a, b, linear_bias, residual)
+    y, rstd = _unfused_norm(_rms_norm_stats, h, weight, eps)
+    return y, rstd, h if keep else None
 
 
 def _matmul_rmsnorm(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None, eps: float,
-                    return_rstd: bool, fused: bool | None, keep: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return filled(a, _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused, keep))
+                    return_rstd: bool, fused: bool | None, keep: bool, linear_bias: torch.Tensor | None,
+                    residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return filled(a, _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused, keep, linear_bias, residual))
 
 
-def _matmul_rmsnorm_fake(a, b, weight, eps, return_rstd, fused, keep):
+def _matmul_rmsnorm_fake(a, b, weight, eps, return_rstd, fused, keep, linear_bias, residual):
     m, n = a.shape[0], b.shape[1]
     rows = m if return_rstd or keep else 0
     return (a.new_empty(m, n), a.new_empty(rows, dtype=torch.float32),
@@ -175,53 +202,70 @@ def _matmul_rmsnorm_fake(a, b, weight, eps, return_rstd, fused, keep):
 
 
 # Autograd. The full-row ops are called with keep=True when autograd records them: the
-# forward (fused or not) also returns the product a @ b and the statistics, which the
-# backward uses (see helion_kernels.grads for why). The split-N ops reuse these functions
-# with nothing kept: their backward recomputes the product. The statistics outputs are not
-# differentiable. ``eps`` is input 4 (LayerNorm) or 3.
+# forward (fused or not) also returns the norm's input h = a @ b [+ linear_bias] [+ residual]
+# and the statistics, which the backward uses (see helion_kernels.grads for why). The
+# split-N ops reuse these functions with nothing kept and no addends (inputs a, b, weight,
+# [bias,] eps): their backward recomputes the product. The statistics outputs are not
+# differentiable. ``eps`` is input 4 (LayerNorm) or 3; the full-row ops' addends are their
+# last two inputs.
 
 
 def _kept(ctx, kind: str, saved: list) -> tuple | None:
-    """The forward's (product, mean, rstd) from ``saved`` [product, mean, rstd] or None."""
+    """The forward's (h, mean, rstd) from ``saved`` [h, mean, rstd] or None."""
     if not ctx.kept:
         return None
     product, mean, rstd = saved
     return product, (mean if kind == "layernorm" else None), rstd
 
 
-def setup_layernorm(ctx, inputs, output):
-    ctx.set_materialize_grads(False)  # no [M, N] zero gradients for the statistics and the product
-    ctx.kept = len(inputs) > 7 and inputs[7]
-    ctx.save_for_backward(*inputs[:4], *((output[3], output[1], output[2]) if ctx.kept else ()))
-    ctx.eps = inputs[4]
+def _setup(ctx, inputs, output, n_params: int, keep_at: int, kept: tuple[int, ...]) -> None:
+    """Autograd context of a post-norm op: inputs ``[:n_params]`` saved, ``inputs[keep_at]``
+    the keep flag (absent for split-N), ``output[i]`` for ``i`` in ``kept`` saved when kept."""
+    ctx.set_materialize_grads(False)  # no [M, N] zero gradients for the statistics and h
+    ctx.kept = len(inputs) > keep_at and inputs[keep_at]
+    ctx.has_addends = len(inputs) > keep_at + 1
+    addends = inputs[keep_at + 1:keep_at + 3] if ctx.has_addends else (None, None)
+    ctx.addend_dtypes = tuple(None if t is None else t.dtype for t in addends)
+    ctx.save_for_backward(*inputs[:n_params], *(output[i] for i in (kept if ctx.kept else ())))
+    ctx.eps = inputs[n_params]
     ctx.mark_non_differentiable(*output[1:])
+
+
+def _input_grads(ctx, param_grads: tuple, addend_grads: tuple) -> tuple:
+    """One gradient per op input: the GEMM operands' and norm parameters', None for eps and
+    the flags, then the addends' (full-row ops only)."""
+    n = len(ctx.needs_input_grad)
+    if not ctx.has_addends:
+        return (*param_grads, *(None,) * (n - len(param_grads)))
+    return (*param_grads, *(None,) * (n - len(param_grads) - 2), *addend_grads)
+
+
+def setup_layernorm(ctx, inputs, output):
+    _setup(ctx, inputs, output, 4, 7, (3, 1, 2))
 
 
 def backward_layernorm(ctx, dy, *_):
     if dy is None:  # nothing downstream used y
         return (None,) * len(ctx.needs_input_grad)
     a, b, weight, bias, *saved = ctx.saved_tensors
-    grads = postnorm_grads("layernorm", a, b, weight, bias, ctx.eps, dy, ctx.needs_input_grad[:4],
-                           _kept(ctx, "layernorm", saved))
-    return (*grads, *(None,) * (len(ctx.needs_input_grad) - 4))
+    needs = (*ctx.needs_input_grad[:4], *ctx.needs_input_grad[8:10])
+    grads = postnorm_grads("layernorm", a, b, weight, bias, ctx.eps, dy, needs, _kept(ctx, "layernorm", saved),
+                           ctx.addend_dtypes)
+    return _input_grads(ctx, grads[:4], grads[4:])
 
 
 def setup_rmsnorm(ctx, inputs, output):
-    ctx.set_materialize_grads(False)
-    ctx.kept = len(inputs) > 6 and inputs[6]
-    ctx.save_for_backward(*inputs[:3], *((output[2], output[1], output[1]) if ctx.kept else ()))
-    ctx.eps = inputs[3]
-    ctx.mark_non_differentiable(*output[1:])
+    _setup(ctx, inputs, output, 3, 6, (2, 1, 1))
 
 
 def backward_rmsnorm(ctx, dy, *_):
     if dy is None:
         return (None,) * len(ctx.needs_input_grad)
     a, b, weight, *saved = ctx.saved_tensors
-    needs = (*ctx.needs_input_grad[:3], False)
-    da, db, dweight, _ = postnorm_grads("rmsnorm", a, b, weight, None, ctx.eps, dy, needs,
-                                        _kept(ctx, "rmsnorm", saved))
-    return (da, db, dweight, *(None,) * (len(ctx.needs_input_grad) - 3))
+    needs = (*ctx.needs_input_grad[:3], False, *ctx.needs_input_grad[7:9])
+    grads = postnorm_grads("rmsnorm", a, b, weight, None, ctx.eps, dy, needs, _kept(ctx, "rmsnorm", saved),
+                           ctx.addend_dtypes)
+    return _input_grads(ctx, grads[:3], grads[4:])
 
 
 _LAYERNORM = Op("matmul_layernorm", _matmul_layernorm, _matmul_layernorm_fake, eager=_matmul_layernorm_eager,
@@ -237,10 +281,13 @@ def matmul_layernorm(
     bias: torch.Tensor | None = None,
     eps: float = 1e-5,
     *,
+    linear_bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
     return_stats: bool = False,
     fused: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``layer_norm(a @ b, (N,), weight, bias, eps)``, fused into the GEMM where that is faster.
+    """``layer_norm(a @ b [+ linear_bias] [+ residual], (N,), weight, bias, eps)``, fused into
+    the GEMM where that is faster.
 
     Full-row post-norm fusion, technique 1 of the PyTorch blog "Towards Free Normalization:
     Fusing Normalization into GEMM and Attention Kernels" (Meta, 2026): one program owns
@@ -252,9 +299,14 @@ def matmul_layernorm(
 
     Args:
         a: [M, K], bf16, fp16 or fp32, on a CUDA device.
-        b: [K, N], same dtype and device. N is the normalised dimension.
+        b: [K, N], same dtype and device. N is the normalised dimension. Row-major, or the
+            transposed view of an ``nn.Linear`` weight [N, K] (``W.t()``), read in place.
         weight, bias: optional LayerNorm affine parameters [N] (any float dtype).
         eps: added to the variance, >= 0.
+        linear_bias: optional [N] (a Linear's bias, any float dtype), added to ``a @ b``
+            before the statistics, in fp32 inside the kernel.
+        residual: optional [M, N] (any float dtype), added before the statistics as well
+            (a post-LN block, ``layer_norm(x + linear(h))``).
         return_stats: also return the row ``mean`` and ``rstd`` [M] fp32 (for a backward).
         fused: None (the registry decides), True (always the fused kernel), False (always
             cuBLAS + the standalone norm).
@@ -262,27 +314,30 @@ def matmul_layernorm(
     Returns:
         ``y`` [M, N] in the input dtype (fp32 accumulation and statistics), or
         ``(y, mean, rstd)`` with ``return_stats=True``. Differentiable in ``a``, ``b``,
-        ``weight`` and ``bias`` (the statistics are not). When autograd records the call,
-        the forward (fused or not) also writes the product ``a @ b`` and keeps it with the
-        fp32 statistics for the backward: the norm's backward as one inductor-compiled
-        pass, then the cuBLAS dgrad and wgrad GEMMs (:mod:`helion_kernels.grads`).
+        ``weight``, ``bias``, ``linear_bias`` and ``residual`` (the statistics are not). When
+        autograd records the call, the forward (fused or not) also writes the norm's input
+        ``h = a @ b [+ linear_bias] [+ residual]`` and keeps it with the fp32 statistics for
+        the backward: the norm's backward as one inductor-compiled pass (with the Linear
+        bias's gradient as its column sum), then the cuBLAS dgrad and wgrad GEMMs
+        (:mod:`helion_kernels.grads`).
 
     Raises:
         TypeError: non-tensor input, unsupported or mismatched dtypes, ``fused`` not a bool
             or None.
-        ValueError: not 2-D, mismatched K, K = 0, weight/bias not of shape [N], negative
-            eps, CPU tensors outside interpret modes, tensors on different devices, or
+        ValueError: not 2-D, mismatched K, K = 0, weight/bias/linear_bias not of shape [N],
+            residual not of shape [M, N], negative eps, CPU tensors outside interpret modes, tensors on different devices, or
             ``fused=True`` with N past the full-row limit (the error names the split-N
             strategy; raised at launch, before the kernel runs).
     """
     op = "matmul_layernorm"
     checks.gemm_operands(op, a, b)
-    eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight, bias=bias)
+    eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight, bias=bias, linear_bias=linear_bias)
+    checks.residual(op, residual, a, b)
     checks.fused_flag(op, fused)
     checks.flag(op, "return_stats", return_stats)
     runtime.check_runnable(op, a.device)
     y, mean, rstd, _ = _LAYERNORM(a, b, weight, bias, eps, return_stats, fused,
-                                  records_grad(a, b, weight, bias))
+                                  records_grad(a, b, weight, bias, linear_bias, residual), linear_bias, residual)
     return (y, mean, rstd) if return_stats else y
 
 
@@ -292,10 +347,13 @@ def matmul_rmsnorm(
     weight: torch.Tensor | None = None,
     eps: float = 1e-5,
     *,
+    linear_bias: torch.Tensor | None = None,
+    residual: torch.Tensor | None = None,
     return_rstd: bool = False,
     fused: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """``rms_norm(a @ b, (N,), weight, eps)``, fused into the GEMM where that is faster.
+    """``rms_norm(a @ b [+ linear_bias] [+ residual], (N,), weight, eps)``, fused into the GEMM
+    where that is faster.
 
     Same strategy, dispatch and errors as :func:`matmul_layernorm` (technique 1 of the
     PyTorch blog "Towards Free Normalization", 2026), with
@@ -303,25 +361,28 @@ def matmul_rmsnorm(
 
     Args:
         a: [M, K], bf16, fp16 or fp32, on a CUDA device.
-        b: [K, N], same dtype and device. N is the normalised dimension.
+        b: [K, N], same dtype and device (row-major or ``W.t()``, as :func:`matmul_layernorm`).
         weight: optional RMSNorm affine weight [N].
         eps: added to the mean square, >= 0.
+        linear_bias, residual: optional [N] and [M, N] addends, as :func:`matmul_layernorm`.
         return_rstd: also return ``rstd`` [M] fp32.
         fused: None (the registry decides), True (always fused), False (always unfused).
 
     Returns:
         ``y`` [M, N] in the input dtype, or ``(y, rstd)`` with ``return_rstd=True``.
 
-    Differentiable in ``a``, ``b`` and ``weight``, as :func:`matmul_layernorm`.
+    Differentiable in ``a``, ``b``, ``weight`` and the addends, as :func:`matmul_layernorm`.
 
     Raises:
         TypeError, ValueError: as :func:`matmul_layernorm`.
     """
     op = "matmul_rmsnorm"
     checks.gemm_operands(op, a, b)
-    eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight)
+    eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight, linear_bias=linear_bias)
+    checks.residual(op, residual, a, b)
     checks.fused_flag(op, fused)
     checks.flag(op, "return_rstd", return_rstd)
     runtime.check_runnable(op, a.device)
-    y, rstd, _ = _RMSNORM(a, b, weight, eps, return_rstd, fused, records_grad(a, b, weight))
+    y, rstd, _ = _RMSNORM(a, b, weight, eps, return_rstd, fused,
+                          records_grad(a, b, weight, linear_bias, residual), linear_bias, residual)
     return (y, rstd) if return_rstd else y
