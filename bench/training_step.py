@@ -100,9 +100,10 @@ def _paths(layer: str, fused: nn.Module, x: torch.Tensor) -> tuple[str, str]:
 
     w = fused.linear.weight.detach()
     if layer == "rmsnorm_linear":
-        backward = prenorm.use_fused_backward((x.detach(), w.t()), None)
-        return "fused kernel", ("fused dgrad kernel + cuBLAS wgrad" if backward
-                                else "cuBLAS GEMMs + inductor norm backward")
+        args = (x.detach(), w.t(), 1e-5)
+        forward, backward = prenorm.use_fused(args), prenorm.use_fused_backward(args, None)
+        return (("fused kernel" if forward else "inductor norm + cuBLAS"),
+                ("fused dgrad kernel + cuBLAS wgrad" if backward else "cuBLAS GEMMs + inductor norm backward"))
     spec = postnorm_full_row.SPEC_LAYERNORM if layer == "linear_layernorm" else postnorm_full_row.SPEC_RMSNORM
     params = (fused.norm.weight, fused.norm.bias) if layer == "linear_layernorm" else (fused.norm.weight,)
     forward = postnorm.use_fused(spec, (x.detach(), w.t(), *params, 1e-5))

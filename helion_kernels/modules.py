@@ -8,7 +8,9 @@ with fp32 parameters: the GEMM runs in the autocast dtype (statistics are fp32 i
 and the output dtype is the one the pair's norm gives under the same autocast state, asked of
 torch itself once per state (on CUDA autocast runs ``layer_norm`` in fp32, so
 ``LinearLayerNorm`` returns fp32 there, as the pair does; ``rms_norm`` is not on that list
-in torch 2.11). ``nn.RMSNorm(eps=None)`` keeps its meaning: the epsilon of the dtype torch's
+in torch 2.11). Without autocast the GEMM runs in ``x``'s dtype, the parameters cast to it
+(where ``nn.Linear`` refuses an input and weight of two dtypes). ``nn.RMSNorm(eps=None)``
+keeps its meaning: the epsilon of the dtype torch's
 ``rms_norm`` computes in (fp32 for bf16 inputs too). Gradients land in the parameters' dtype.
 
 The ops take ``nn.Linear``'s [N, K] weight as its transposed view and the post-norm kernels
@@ -155,6 +157,24 @@ class _LinearNorm(_NormLinearPair):
     def _op(self, a: torch.Tensor, weight: torch.Tensor, eps: float, **addends) -> torch.Tensor:
         raise NotImplementedError
 
+    def _residual(self, residual: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """``residual`` broadcast to ``shape`` (x's leading dims + [N], as ``linear(x) +
+        residual`` broadcasts) and flattened to [M, N].
+
+        Raises:
+            TypeError: not a tensor.
+            ValueError: it does not broadcast to ``shape``.
+        """
+        if not isinstance(residual, torch.Tensor):
+            raise TypeError(f"{type(self).__name__}: residual must be a torch.Tensor or None, got "
+                            f"{type(residual).__name__}")
+        try:
+            residual = residual.broadcast_to(shape)
+        except RuntimeError:
+            raise ValueError(f"{type(self).__name__}: residual of shape {tuple(residual.shape)} does not "
+                             f"broadcast to x's leading dimensions + [N] = {shape}") from None
+        return residual.reshape(-1, shape[-1])
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """``norm(linear(x) + residual)`` (a post-LN block); ``residual`` [..., N] or None.
         The Linear bias and the residual are added inside the kernel, before the statistics."""
@@ -166,7 +186,7 @@ class _LinearNorm(_NormLinearPair):
             a = x.reshape(-1, k).to(gemm_dtype)
             weight = self.linear.weight.to(gemm_dtype).t()  # [K, N] view, read in place
             addends = {"linear_bias": self.linear.bias,
-                       "residual": None if residual is None else residual.reshape(-1, n)}
+                       "residual": None if residual is None else self._residual(residual, (*lead, n))}
             y = self._op(a, weight, eps, **addends)
         return y.to(norm_dtype).reshape(*lead, n)
 

@@ -196,3 +196,22 @@ def test_autocast_with_fp32_parameters(kind, eps):
     check_outputs(ours, theirs.float(), torch.bfloat16)
     ours.float().sum().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in module.parameters())
+
+
+@ON_DEVICE
+@pytest.mark.parametrize("kind", ["LinearLayerNorm", "LinearRMSNorm"])
+def test_residual_broadcasts_like_the_pair(kind):
+    """A residual of x's leading shape or one that broadcasts to it ([seq, N] for x [batch,
+    seq, K]) works as ``linear(x) + residual`` does; one that does not is a ValueError naming
+    it, before anything runs (where a plain reshape would pair up rows silently)."""
+    pair = _pair(kind, 16, 8, True, 1e-5, torch.float32, seed=4)
+    module = _module(kind, pair)
+    x = torch.randn(2, 4, 16, device=DEVICE)
+    r = torch.randn(4, 8, device=DEVICE, requires_grad=True)
+    out = module(x, residual=r)
+    check_outputs(out, pair[1](pair[0](x) + r), torch.float32)
+    out.sum().backward()
+    assert r.grad.shape == (4, 8)
+    for bad in (torch.randn(4, 2, 8), torch.randn(8, 8), torch.randn(2, 4, 9)):
+        with pytest.raises(ValueError, match="residual of shape"):
+            module(x, residual=bad.to(DEVICE))

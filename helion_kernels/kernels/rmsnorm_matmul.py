@@ -143,5 +143,6 @@ SPEC = KernelSpec(
     norm_baseline="inductor_norm",
     unfused_baselines=("cublas+inductor_norm", "cublas+liger_norm"),
     gemm_twin="matmul",
+    dispatch_baseline="cublas+inductor_norm",
     technique="deferred pre-norm (technique 2, PyTorch blog 'Towards Free Normalization', 2026)",
 )

@@ -4,7 +4,8 @@ launches its kernel through :mod:`..runtime`."""
 
 from .attention import flash_norm_attention, gdpa
 from .gemm import matmul
-from .postnorm import matmul_layernorm, matmul_rmsnorm, use_fused
+from .dispatch import use_fused
+from .postnorm import matmul_layernorm, matmul_rmsnorm
 from .prenorm import fold_rmsnorm_weight, rmsnorm_matmul
 from .split_n import matmul_layernorm_split_n, matmul_rmsnorm_matmul, matmul_rmsnorm_split_n
 

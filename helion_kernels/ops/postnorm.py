@@ -357,7 +357,7 @@ def matmul_rmsnorm(
 
     Same strategy, dispatch and errors as :func:`matmul_layernorm` (technique 1 of the
     PyTorch blog "Towards Free Normalization", 2026), with
-    ``rstd = 1 / sqrt(mean((a @ b)**2, dim=1) + eps)``.
+    ``rstd = 1 / sqrt(mean(h**2, dim=1) + eps)`` of ``h = a @ b [+ linear_bias] [+ residual]``.
 
     Args:
         a: [M, K], bf16, fp16 or fp32, on a CUDA device.

@@ -51,14 +51,29 @@ def fold_rmsnorm_weight(weight: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (weight[:, None] * b).to(b.dtype)
 
 
+def use_fused(args: tuple, fused: bool | None = None) -> bool:
+    """Whether the forward of a call runs the fused kernel (True) or the inductor-compiled
+    norm + cuBLAS (False): ``fused`` True/False forces; None follows the registry's decision
+    for ``rmsnorm_matmul`` at this shape (:func:`~helion_kernels.runtime.fused_choice`: the
+    fused kernel only where tuning measured it faster than cuBLAS + the compiled norm, at this
+    shape or the nearest tuned one; unfused on a GPU with no entry); reference mode always runs
+    the kernel; M = 0 or N = 0 never does (nothing to multiply)."""
+    a, b = args[0], args[1]
+    if a.shape[0] == 0 or b.shape[1] == 0:
+        return False
+    if fused is not None:
+        return fused
+    return runtime.reference_mode(_kernels.SPEC.kernel) or runtime.fused_choice(_kernels.SPEC, args)
+
+
 def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, eps: float,
                     fused: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
-    m, n = a.shape[0], b.shape[1]
-    if m == 0 or n == 0 or fused is False:
-        # cuBLAS + the standalone norm (rstd is defined when there is nothing to multiply).
-        x_hat, rstd = grads.run_compiled(_rms_norm_rstd, a, eps)
-        return torch.mm(x_hat, b), rstd
-    return runtime.launch(_kernels.SPEC, (a.contiguous(), gemm_operand(b), eps))
+    args = (a.contiguous(), gemm_operand(b), eps)
+    if use_fused(args, fused):
+        return runtime.launch(_kernels.SPEC, args)
+    # cuBLAS + the standalone norm (rstd is defined when there is nothing to multiply).
+    x_hat, rstd = grads.run_compiled(_rms_norm_rstd, a, eps)
+    return torch.mm(x_hat, b), rstd
 
 
 def _rms_norm_rstd(a: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,9 +167,10 @@ def rmsnorm_matmul(
             fold it once yourself and pass ``weight=None``.
         eps: added to the mean square, >= 0.
         return_rstd: also return ``rstd`` [M] fp32 (what a backward needs).
-        fused: None: the forward runs the fused kernel and the backward follows the
-            registry's decision for ``rmsnorm_matmul_backward`` (:func:`use_fused_backward`);
-            True: both fused; False: both unfused (the inductor-compiled norm, cuBLAS GEMMs).
+        fused: None: the forward and the backward each follow the registry's decision for
+            this shape (:func:`use_fused`, :func:`use_fused_backward`: the fused kernel only
+            where tuning measured it faster than cuBLAS + the inductor-compiled norm); True:
+            both fused; False: both unfused (the inductor-compiled norm, cuBLAS GEMMs).
 
     Returns:
         ``c`` [M, N] in the input dtype (fp32 accumulation and statistics), or
