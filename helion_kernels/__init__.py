@@ -11,13 +11,14 @@ Public API (each op a ``torch.library`` custom op, usable under ``torch.compile`
     from helion_kernels import gdpa, flash_norm_attention   # jagged attention
     from helion_kernels import matmul                   # the plain Helion GEMM
     from helion_kernels import RMSNormLinear, LinearLayerNorm, LinearRMSNorm  # nn.Module drop-ins
+    from helion_kernels import FlashNormAttention       # the attention block as a module
 
 Importing the package does not import Helion: each kernel module (and Helion) is imported
 by the first call that needs it. Configs come from the registry (:mod:`.registry`); the
 README says how to tune your own shapes (``helion-kernels autotune``).
 """
 
-from .modules import LinearLayerNorm, LinearRMSNorm, RMSNormLinear
+from .modules import FlashNormAttention, LinearLayerNorm, LinearRMSNorm, RMSNormLinear
 from .ops import (
     flash_norm_attention,
     fold_rmsnorm_weight,
@@ -32,6 +33,7 @@ from .ops import (
 )
 
 __all__ = [
+    "FlashNormAttention",
     "LinearLayerNorm",
     "LinearRMSNorm",
     "RMSNormLinear",

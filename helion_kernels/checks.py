@@ -111,15 +111,6 @@ def residual(op: str, residual, a: torch.Tensor, b: torch.Tensor) -> None:
     same_device(op, a, residual)
 
 
-def no_grad(op: str, *tensors: torch.Tensor | None) -> None:
-    """NotImplementedError when autograd would need a backward these ops do not have yet."""
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        raise NotImplementedError(
-            f"{op} has no backward yet; call it under torch.no_grad() or on tensors that "
-            "do not require grad"
-        )
-
-
 def fused_flag(op: str, fused) -> None:
     """``fused`` must be None, True or False."""
     if fused is not None and not isinstance(fused, bool):

@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="Helion autotune_budget_seconds per shape (default 60)")
     tune.add_argument("--force", action="store_true", help="re-tune shapes already in the registry")
     tune.add_argument("--seed", type=int, default=0, help="random seed of inputs and search")
+    tune.add_argument("--gpus", default="1", help=(
+        "tune on this many GPUs at once (a count, or 'all'): one worker process per GPU takes the "
+        "next shape from one queue, the largest first (default 1: in this process)"))
 
     bench = sub.add_parser("bench", help="time a kernel over a workload against the unfused baselines")
     common(bench, shape=False)
@@ -93,11 +96,18 @@ def _cmd_autotune(args: argparse.Namespace) -> int:
         return 2
     from .tuning import TuneOptions, tune
 
+    from .parallel import parse_gpus
+
+    try:
+        gpus = parse_gpus(args.gpus, torch.cuda.device_count())
+    except ValueError as err:
+        print(f"helion-kernels autotune: {err}", file=sys.stderr)
+        return 2
     spec = get_spec(args.kernel)
     if (_CHECKOUT / "autotune_cache").is_dir():  # a source checkout keeps Helion's cache there
         os.environ.setdefault("HELION_CACHE_DIR", str(_CHECKOUT / "autotune_cache"))
     options = TuneOptions(effort=args.effort, budget_seconds=args.budget_seconds, force=args.force, seed=args.seed)
-    results = tune(spec, problems, DTYPES[args.dtype], options, torch.device("cuda"))
+    results = tune(spec, problems, DTYPES[args.dtype], options, torch.device("cuda"), gpus)
     counts = {s: sum(r.status == s for r in results) for s in ("tuned", "skipped", "failed")}
     path = registry.registry_path(spec.name, registry.gpu_key("cuda"))
     print(f"{counts['tuned']} tuned, {counts['skipped']} skipped, {counts['failed']} failed; registry: {path}")

@@ -189,3 +189,41 @@ def deferred_grads(a, b, c, x, rstd, dout, needs: tuple[bool, bool, bool]):
         dx, _ = run_compiled(prenorm_norm_backward, torch.mm(dout, c.t()), x, rstd)
         da, db = matmul_grads(a, b, dx, needs[0], needs[1])
     return da, db, dc
+
+
+# --- FlashNormAttention: out = rms_norm(gdpa(ln) + ln) + q, ln = layer_norm(q) over H*D ----
+# Rows are [total_q, H * D]; ``stats`` [3, total_q] fp32 holds the forward's LayerNorm mean
+# and rstd and the RMSNorm rstd; ``o`` is the forward's un-normalised gdpa(ln) + ln. The
+# attention's own backward (dln, dk, dv from ``do``) runs between the two passes below.
+
+
+def fna_output_backward(dy, o, q, stats, ln_weight, ln_bias, rms_weight, need_rms_weight: bool = True):
+    """(do in ``o.dtype``, the recomputed ``ln`` in ``q.dtype`` (the attention's input),
+    drms_weight fp32 [W] or None) from the output gradient ``dy`` [T, W]: the RMSNorm's
+    backward. Affine parameters are [W] or None."""
+    dy32 = _f32(dy)
+    rstd_o = stats[2]
+    o_hat = _f32(o) * rstd_o[:, None]
+    g = dy32 if rms_weight is None else dy32 * _f32(rms_weight)
+    do = rms_row_backward(g, o_hat, rstd_o)
+    drms_weight = (dy32 * o_hat).sum(dim=0) if need_rms_weight and rms_weight is not None else None
+    ln = (_f32(q) - stats[0][:, None]) * stats[1][:, None]
+    if ln_weight is not None:
+        ln = ln * _f32(ln_weight)
+    if ln_bias is not None:
+        ln = ln + _f32(ln_bias)
+    return do.to(o.dtype), ln.to(q.dtype), drms_weight
+
+
+def fna_input_backward(dy, do, dln_attention, q, stats, ln_weight, need_ln_weight: bool = True,
+                       need_ln_bias: bool = True):
+    """(dq in ``q.dtype``, dln_weight fp32 [W] or None, dln_bias fp32 [W] or None): the
+    LayerNorm's backward of ``dln = do + dln_attention`` (the residual and the attention
+    paths into ``ln``), plus the outer residual's ``dy``."""
+    dln = _f32(do) + _f32(dln_attention)
+    q_hat = (_f32(q) - stats[0][:, None]) * stats[1][:, None]
+    g = dln if ln_weight is None else dln * _f32(ln_weight)
+    dq = _f32(dy) + layer_row_backward(g, q_hat, stats[1])
+    dln_weight = (dln * q_hat).sum(dim=0) if need_ln_weight and ln_weight is not None else None
+    dln_bias = dln.sum(dim=0) if need_ln_bias else None
+    return dq.to(q.dtype), dln_weight, dln_bias

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ops import matmul_layernorm, matmul_rmsnorm, rmsnorm_matmul
+from .ops import flash_norm_attention, matmul_layernorm, matmul_rmsnorm, rmsnorm_matmul
 
 
 def _compute_dtypes(x: torch.Tensor, norm: nn.Module, norm_input: str,
@@ -236,3 +236,50 @@ class LinearRMSNorm(_LinearNorm):
 
     def _op(self, a, weight, eps, **addends):
         return matmul_rmsnorm(a, weight, self.norm.weight, eps, **addends)
+
+
+class FlashNormAttention(nn.Module):
+    """``rms(gdpa(ln(q), k, v) + ln(q)) + q`` over jagged sequences, in one forward kernel
+    (:func:`~helion_kernels.flash_norm_attention`, technique 4 of the PyTorch blog "Towards
+    Free Normalization", Meta 2026), with its backward.
+
+    Holds the block's two norms as submodules ``ln`` (``nn.LayerNorm(H * D)``) and ``rms``
+    (``nn.RMSNorm(H * D)``), so its state_dict keys are ``ln.weight``, ``ln.bias`` and
+    ``rms.weight``; both norms use ``eps``.
+
+    Args:
+        num_heads, head_dim: H and D of ``q``, ``k``, ``v`` [total, H, D].
+        eps: of both norms.
+        activation: "fast_gelu", "gelu", "silu" or "relu" (GDPA's activation).
+        qk_scale: multiplies the scores before the activation.
+        elementwise_affine, ln_bias: as ``nn.LayerNorm``'s (``elementwise_affine`` also for
+            the RMSNorm weight).
+
+    Shapes: ``forward(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv)``, ``q``
+    [total_q, H, D], ``k``, ``v`` [total_kv, H, D], offsets int64 [B + 1]; returns
+    [total_q, H, D] in ``q``'s dtype.
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, eps: float = 1e-5, activation: str = "fast_gelu",
+                 qk_scale: float = 1.0, elementwise_affine: bool = True, ln_bias: bool = True,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        width = num_heads * head_dim
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.eps, self.activation, self.qk_scale = eps, activation, qk_scale
+        self.ln = nn.LayerNorm(width, eps=eps, elementwise_affine=elementwise_affine, bias=ln_bias,
+                               device=device, dtype=dtype)
+        self.rms = nn.RMSNorm(width, eps=eps, elementwise_affine=elementwise_affine, device=device, dtype=dtype)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
+                kv_offsets: torch.Tensor, max_seq_len_q: int, max_seq_len_kv: int, *,
+                validate: bool = True) -> torch.Tensor:
+        """See the class docstring and :func:`~helion_kernels.flash_norm_attention` (whose
+        errors it raises)."""
+        return flash_norm_attention(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv,
+                                    self.ln.weight, self.ln.bias, self.rms.weight, self.eps, self.activation,
+                                    self.qk_scale, validate=validate)
+
+    def extra_repr(self) -> str:
+        return (f"num_heads={self.num_heads}, head_dim={self.head_dim}, eps={self.eps}, "
+                f"activation={self.activation!r}, qk_scale={self.qk_scale}")

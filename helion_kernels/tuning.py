@@ -186,16 +186,35 @@ def _accuracy_check(output, baseline, compare, dtype: torch.dtype) -> None:
 
 
 def tune(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype, options: TuneOptions,
-         device: torch.device) -> list[TuneResult]:
-    """Tune every registry key of ``problems`` (:func:`tuning_problems`) in turn under one
-    progress bar; a failing key does not stop the rest, and each finished key is in the
-    registry as soon as it is done, so an interrupted sweep loses at most the key in progress.
+         device: torch.device, gpus: list[str] | None = None) -> list[TuneResult]:
+    """Tune every registry key of ``problems`` (:func:`tuning_problems`), the most FLOPs
+    first, under one progress display; a failing key does not stop the rest, and each finished
+    key is in the registry as soon as it is done, so an interrupted sweep loses at most the
+    keys in progress. With two or more ``gpus`` (``CUDA_VISIBLE_DEVICES`` entries) the keys
+    are spread over one worker process per GPU (:func:`~.parallel.run_parallel`); else they
+    run here, on ``device``.
     """
     picked = tuning_problems(spec, problems)
+    order = sorted(picked, key=lambda key: -spec.flops(picked[key]))
     name = registry.dtype_name(dtype)
+    labels = {key: f"{picked[key]} {name}" for key in order}
+    if gpus is not None and len(gpus) > 1:
+        from .parallel import Item, run_parallel
+
+        items = [Item(key, labels[key], (spec.name, picked[key], dtype, options)) for key in order]
+        return run_parallel(f"autotune {spec.name}", items, _tune_job, gpus)
     # progress_bar=False: Helion's own bar would fight ours for the terminal.
-    return sweep(f"autotune {spec.name}", [(key, f"{problem} {name}") for key, problem in picked.items()],
+    return sweep(f"autotune {spec.name}", [(key, labels[key]) for key in order],
                  lambda key: tune_problem(spec, picked[key], dtype, options, device, progress_bar=False))
+
+
+def _tune_job(payload: tuple) -> TuneResult:
+    """One key on a worker process pinned to its GPU (``cuda:0`` there): ``payload`` =
+    (kernel name, problem, dtype, options); the spec is looked up here (it does not pickle)."""
+    from .kernels import get_spec
+
+    kernel, problem, dtype, options = payload
+    return tune_problem(get_spec(kernel), problem, dtype, options, torch.device("cuda"), progress_bar=False)
 
 
 def sweep(title: str, items: list[tuple[object, str]], tune_one) -> list[TuneResult]:

@@ -67,8 +67,9 @@ def _cpu_workarounds(monkeypatch: pytest.MonkeyPatch) -> None:
     ``torch.mm(..., out_dtype=)``, is filled by the library itself:
     ``helion_kernels/kernels/cpu_reference_mode.py``.)
 
-    * The Triton interpreter does not implement ``libdevice.rsqrt``, ``tanh`` or ``erf``:
-      route them to ``tl.math.rsqrt``, ``2 * sigmoid(2x) - 1`` and ``tl.math.erf``.
+    * The Triton interpreter does not implement ``libdevice.rsqrt``, ``tanh``, ``erf`` or
+      ``exp``: route them to ``tl.math.rsqrt``, ``2 * sigmoid(2x) - 1``, ``tl.math.erf`` and
+      ``tl.exp``.
     * The Triton interpreter cannot use a value loaded from memory as a loop bound (it is a
       1-element array there, not a scalar), which the jagged kernels do with their offsets:
       make the interpreter's tensor ``__index__`` accept a 1-element array.
@@ -82,6 +83,7 @@ def _cpu_workarounds(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(libdevice, "rsqrt", lambda x, **kw: tl.math.rsqrt(x))
         monkeypatch.setattr(libdevice, "tanh", lambda x, **kw: 2 * tl.sigmoid(2 * x) - 1)
         monkeypatch.setattr(libdevice, "erf", lambda x, **kw: tl.math.erf(x))
+        monkeypatch.setattr(libdevice, "exp", lambda x, **kw: tl.exp(x))
         patch_tensor = interpreter._patch_lang_tensor
 
         def patch_tensor_with_index(tensor, scope):

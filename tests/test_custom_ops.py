@@ -58,7 +58,11 @@ def _op_cases():
         ("matmul_rmsnorm_split_n", split_n._RMSNORM, (a, b, None, 1e-5)),
         ("matmul_rmsnorm_matmul", split_n._DEFERRED, (a, b, c, 1e-5)),
         ("gdpa", attention._GDPA, (q, k, v, qo, ko, 7, 8, "silu", 0.5, True)),
-        ("flash_norm_attention", attention._FNA, (q, k, v, qo, ko, 7, 8, lw, lb, rw, 1e-5, "fast_gelu", 1.0, True)),
+        ("flash_norm_attention", attention._FNA,
+         (q, k, v, qo, ko, 7, 8, lw, lb, rw, 1e-5, "fast_gelu", 1.0, True, False)),
+        ("flash_norm_attention_kept", attention._FNA,
+         (q, k, v, qo, ko, 7, 8, lw, lb, rw, 1e-5, "fast_gelu", 1.0, True, True)),
+        ("gdpa_backward", attention._GDPA_BACKWARD, (q, k, v, torch.randn_like(q), qo, ko, 7, 8, "relu", 0.5)),
     ]
 
 

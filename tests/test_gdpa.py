@@ -141,14 +141,31 @@ def test_bad_inputs_raise_before_launch(fn, monkeypatch):
     _bad(fn, r"H >= 1 and D >= 16", q=q[:, :0], k=k[:, :0], v=v[:, :0])
 
 
-@pytest.mark.ref_mode
-def test_flash_norm_attention_refuses_non_power_of_two_head_dim(monkeypatch):
-    """D = 48 gives wrong LayerNorm statistics under Triton (padded lanes counted), though
-    reference mode is right; the wrapper refuses it and names gdpa."""
-    _forbid_launch(monkeypatch)
-    q, k, v, qo, ko = _inputs(torch.float32, "cpu", 8, heads=2, dim=48)
-    with pytest.raises(ValueError, match=r"head_dim D = 48 must be a power of two .* gdpa\(\)"):
-        flash_norm_attention(q, k, v, qo, ko, 37, 128)
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize(("heads", "dim"), [(2, 48), (3, 96)])
+def test_head_dim_not_a_power_of_two_under_the_interpreter(heads, dim):
+    """D = 48 or 96 runs in registers padded to 64 / 128: the padded lanes are masked out of
+    both norms' statistics and the outputs (the Triton code, not reference mode, pads), for
+    the output, the kept o and statistics, and the GDPA kernel; no LayerNorm weight, so the
+    padded lanes of the LayerNorm output would be -mean * rstd unless masked."""
+    from helion_kernels.kernels.flash_norm_attention import with_saved_outputs
+
+    dtype = torch.float16
+    q, k, v, qo, ko = _inputs(dtype, "cpu", 20, heads, dim, INTERPRETER_Q, INTERPRETER_KV)
+    q = q + 2.0  # a row mean away from 0: the case padded lanes would get wrong
+    _, b, r = (p.view(heads, dim) for p in _affine(heads, dim, dtype, "cpu", 21))
+    args = (q, k, v, qo, ko, 33, None, b, r, 1e-5, 0.7, 3)
+    config = helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1)
+    o_saved, stats = torch.empty_like(q), torch.empty(3, q.shape[0], dtype=torch.float32)
+    bound = flash_norm_attention_kernel.bind((*args, o_saved, stats))
+    bound.set_config(with_saved_outputs(config, (*args, o_saved, stats)))
+    out = bound(*args, o_saved, stats)
+    ref = flash_norm_attention_reference(q.double(), k.double(), v.double(), qo, ko, None, b.double(),
+                                         r.double(), 1e-5, 0.7, "relu")
+    _check_per_sequence(out, ref, qo, dtype)
+    o_ref, stats_ref = _saved_reference(q, k, v, qo, ko, torch.ones(heads, dim), b, 0.7, "relu")
+    _check_per_sequence(o_saved, o_ref, qo, dtype)
+    check_outputs(stats, stats_ref, torch.float32)
 
 
 def test_kv_limit_holds_for_any_integer_type():
@@ -293,3 +310,52 @@ def test_unfused_baseline_is_the_same_block(activation, dtype, device):
     ref = flash_norm_attention_reference(q.double(), k.double(), v.double(), qo, ko,
                                          *[p.double().view(3, 64) for p in params], 1e-5, 0.7, activation)
     _check_per_sequence(out, ref, qo, dtype)
+
+
+def _saved_reference(q, k, v, qo, ko, w, b, scale, activation):
+    """float64 ``o = gdpa(ln) + ln`` and the rows' (ln mean, ln rstd, rms rstd)."""
+    total, heads, dim = q.shape
+    q64 = q.double().reshape(total, -1)
+    var, mean = torch.var_mean(q64, dim=1, correction=0)
+    rstd = torch.rsqrt(var + 1e-5)
+    ln = ((q64 - mean[:, None]) * rstd[:, None] * w.double().reshape(-1) + b.double().reshape(-1))
+    ln = ln.reshape(total, heads, dim)
+    o = gdpa_reference(ln, k.double(), v.double(), qo, ko, scale, activation) + ln
+    rstd_o = torch.rsqrt(o.reshape(total, -1).pow(2).mean(dim=1) + 1e-5)
+    return o, torch.stack([mean, rstd, rstd_o])
+
+
+def _check_saved_outputs(kernel_call, q, k, v, qo, ko, w, b, dtype, scale, activation):
+    o_saved, stats = torch.empty_like(q), torch.empty(3, q.shape[0], dtype=torch.float32, device=q.device)
+    kernel_call(o_saved, stats)
+    o_ref, stats_ref = _saved_reference(q, k, v, qo, ko, w, b, scale, activation)
+    _check_per_sequence(o_saved, o_ref, qo, dtype)
+    check_outputs(stats, stats_ref, torch.float32)
+
+
+@pytest.mark.ref_mode
+def test_saved_outputs_reference_mode(device):
+    """What the forward keeps for the backward: ``o`` and both norms' statistics."""
+    q, k, v, qo, ko = _inputs(torch.float32, device, 16, heads=2, dim=32)
+    w, b, r = (p.view(2, 32) for p in _affine(2, 32, torch.float32, device, 17))
+    args = (q, k, v, qo, ko, 37, w, b, r, 1e-5, 0.7, 0)
+    _check_saved_outputs(lambda o, s: flash_norm_attention_kernel(*args, o, s), q, k, v, qo, ko, w, b,
+                         torch.float32, 0.7, "fast_gelu")
+
+
+@pytest.mark.triton_interpret
+def test_saved_outputs_under_the_interpreter():
+    from helion_kernels.kernels.flash_norm_attention import with_saved_outputs
+
+    dtype = torch.float16
+    q, k, v, qo, ko = _inputs(dtype, "cpu", 18, 2, 32, INTERPRETER_Q, INTERPRETER_KV)
+    w, b, r = (p.view(2, 32) for p in _affine(2, 32, dtype, "cpu", 19))
+    args = (q, k, v, qo, ko, 33, w, b, r, 1e-5, 0.7, 2)
+
+    def call(o, s):
+        bound = flash_norm_attention_kernel.bind((*args, o, s))
+        tuned = helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1, indexing=["pointer"] * 16)
+        bound.set_config(with_saved_outputs(tuned, (*args, o, s)))  # a registry-style indexing list
+        bound(*args, o, s)
+
+    _check_saved_outputs(call, q, k, v, qo, ko, w, b, dtype, 0.7, "silu")

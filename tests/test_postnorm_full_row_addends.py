@@ -127,9 +127,11 @@ def test_call_slots_leave_other_configs_alone():
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_cuda(spec, variant, device):
-    """Every seed and the default config, fitted to the call as the runtime fits them."""
+    """The default config and the seeds (every seed for the all-addends variants, the first
+    three for the others), fitted to the call as the runtime fits them."""
     shape = Shape(256, 512, 500)
     args, _ = _args(spec, shape, torch.bfloat16, device, variant)
-    for config in (spec.default_config, *spec.seed_configs):
+    seeds = spec.seed_configs if variant.startswith("all") else spec.seed_configs[:3]
+    for config in (spec.default_config, *seeds):
         config = postnorm_full_row.fit_shared_memory(config, args)
         _check(spec, shape, torch.bfloat16, device, variant, config)

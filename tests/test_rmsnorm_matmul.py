@@ -109,7 +109,8 @@ def test_triton_interpreter_through_ops_with_registry(registry_dir):
     from helion_kernels.registry import ConfigFallbackWarning, Entry
 
     shape = Shape(33, 100, 72)
-    registry.save_entry("rmsnorm_matmul", "cpu", Entry(shape, "float16", INTERPRETER_CONFIGS[0]))
+    fused = {"dispatch": {"choice": "fused", "fused_ms": 1.0, "unfused_ms": 2.0, "unfused": "cublas+inductor_norm"}}
+    registry.save_entry("rmsnorm_matmul", "cpu", Entry(shape, "float16", INTERPRETER_CONFIGS[0], fused))
     a, b, eps, w = _inputs(shape, torch.float16, "cpu", 21, True)
     c = rmsnorm_matmul(a, b, w, eps)  # exact entry: no warning (warnings are errors here)
     check_outputs(c, rmsnorm_matmul_reference(a, b, eps, w)[0], torch.float16)

@@ -11,11 +11,12 @@ from numbers import Integral
 
 import torch
 
-from .. import checks, runtime
+from .. import checks, grads, runtime
 from ..kernels.limits import ACTIVATIONS, MAX_SEQ_LEN_KV
-from ._op import Op
+from ._op import Op, filled, records_grad
 
 _gdpa = runtime.LazyModule("helion_kernels.kernels.gdpa")
+_gdpa_backward = runtime.LazyModule("helion_kernels.kernels.gdpa_backward")
 _fna = runtime.LazyModule("helion_kernels.kernels.flash_norm_attention")
 
 
@@ -32,21 +33,34 @@ def _gdpa_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: tor
     return runtime.launch_kernel(_gdpa.gdpa_kernel, args)  # its config is pinned on the kernel
 
 
-def _fna_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
-              kv_offsets: torch.Tensor, max_seq_len_q: int, max_seq_len_kv: int,
-              ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None,
-              rms_weight: torch.Tensor | None, eps: float, activation: str, qk_scale: float,
-              validate: bool) -> torch.Tensor:
+def _fna_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
+               kv_offsets: torch.Tensor, max_seq_len_q: int, max_seq_len_kv: int,
+               ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None,
+               rms_weight: torch.Tensor | None, eps: float, activation: str, qk_scale: float,
+               validate: bool, keep: bool = False) -> tuple:
+    """(out, o, stats): with ``keep`` (autograd records the call) the kernel also writes the
+    un-normalised ``o`` [total_q, H, D] and the rows' fp32 statistics [3, total_q] (LayerNorm
+    mean and rstd, RMSNorm rstd) for the backward; else both are None."""
     if validate:
         checks.check_offsets("flash_norm_attention", q_offsets, kv_offsets, q.shape[0], k.shape[0],
                              max_seq_len_q, max_seq_len_kv)
+    saved = (torch.empty_like(q), q.new_empty(3, q.shape[0], dtype=torch.float32)) if keep else (None, None)
     if q.shape[0] == 0:
-        return torch.empty_like(q)
+        return torch.empty_like(q), *saved
     heads, dim = q.shape[1], q.shape[2]
     params = [None if t is None else t.reshape(heads, dim).contiguous() for t in (ln_weight, ln_bias, rms_weight)]
     args = (q.contiguous(), k.contiguous(), v.contiguous(), q_offsets, kv_offsets, max_seq_len_q,
             *params, eps, qk_scale, ACTIVATIONS.index(activation))
-    return runtime.launch(_fna.SPEC, args)
+    return runtime.launch(_fna.SPEC, (*args, *saved) if keep else args), *saved
+
+
+def _fna_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
+              kv_offsets: torch.Tensor, max_seq_len_q: int, max_seq_len_kv: int,
+              ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None,
+              rms_weight: torch.Tensor | None, eps: float, activation: str, qk_scale: float,
+              validate: bool, keep: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return filled(q, _fna_eager(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, ln_weight,
+                                ln_bias, rms_weight, eps, activation, qk_scale, validate, keep))
 
 
 def _gdpa_fake(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, activation, qk_scale, validate):
@@ -54,12 +68,93 @@ def _gdpa_fake(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, ac
 
 
 def _fna_fake(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, ln_weight, ln_bias,
-              rms_weight, eps, activation, qk_scale, validate):
-    return torch.empty_like(q)
+              rms_weight, eps, activation, qk_scale, validate, keep):
+    if not keep:
+        return torch.empty_like(q), q.new_empty(0, dtype=torch.float32), q.new_empty(0, dtype=torch.float32)
+    return torch.empty_like(q), torch.empty_like(q), q.new_empty(3, q.shape[0], dtype=torch.float32)
 
 
-_GDPA = Op("gdpa", _gdpa_impl, _gdpa_fake)
-_FNA = Op("flash_norm_attention", _fna_impl, _fna_fake)
+# --- backward -----------------------------------------------------------------------------
+
+
+def _gdpa_backward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+                        q_offsets: torch.Tensor, kv_offsets: torch.Tensor, max_seq_len_q: int,
+                        max_seq_len_kv: int, activation: str,
+                        qk_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of jagged GDPA: the two deterministic Helion kernels of
+    :mod:`helion_kernels.kernels.gdpa_backward` (their configs are pinned on them)."""
+    if q.shape[0] == 0 or k.shape[0] == 0:  # no products: every gradient is 0
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
+    act = ACTIVATIONS.index(activation)
+    dq = runtime.launch_kernel(_gdpa_backward.gdpa_dq_kernel,
+                               (q, k, v, dout, q_offsets, kv_offsets, max_seq_len_q, qk_scale, act))
+    dk, dv = runtime.launch_kernel(_gdpa_backward.gdpa_dkdv_kernel,
+                                   (q, k, v, dout, q_offsets, kv_offsets, max_seq_len_kv, qk_scale, act))
+    return dq, dk, dv
+
+
+def _gdpa_backward_fake(q, k, v, dout, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, activation,
+                        qk_scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+_GDPA_BACKWARD = Op("gdpa_backward", _gdpa_backward_impl, _gdpa_backward_fake)
+
+
+def _setup_gdpa(ctx, inputs, output):
+    q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation, qk_scale, _ = inputs
+    ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
+    ctx.args = (max_q, max_kv, activation, qk_scale)
+
+
+def _backward_gdpa(ctx, dout):
+    q, k, v, q_offsets, kv_offsets = ctx.saved_tensors
+    dq, dk, dv = _GDPA_BACKWARD(q, k, v, dout, q_offsets, kv_offsets, *ctx.args)
+    return dq, dk, dv, *(None,) * 7
+
+
+def _setup_fna(ctx, inputs, output):
+    q, k, v, q_offsets, kv_offsets, max_q, max_kv, ln_weight, ln_bias, rms_weight, eps, activation, qk_scale, \
+        _, keep = inputs
+    if not keep:
+        raise RuntimeError("flash_norm_attention: a recorded call must keep o and the statistics")
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, ln_weight, ln_bias, rms_weight, output[1], output[2])
+    ctx.args = (max_q, max_kv, activation, qk_scale)
+    ctx.mark_non_differentiable(output[1], output[2])
+
+
+def _param_grad(grad: torch.Tensor | None, param: torch.Tensor | None) -> torch.Tensor | None:
+    return None if grad is None or param is None else grad.reshape(param.shape).to(param.dtype)
+
+
+def _backward_fna(ctx, dy, *_):
+    """The RMSNorm's backward (one compiled row pass over H*D), the attention's (the GDPA
+    backward kernels on the recomputed LayerNorm output), the LayerNorm's (a second row pass)."""
+    needs = ctx.needs_input_grad
+    if dy is None:
+        return (None,) * len(needs)
+    q, k, v, q_offsets, kv_offsets, ln_weight, ln_bias, rms_weight, o, stats = ctx.saved_tensors
+    total, heads, dim = q.shape
+    width = heads * dim
+
+    def rows(t):
+        return None if t is None else t.reshape(-1, width) if t.dim() == 3 else t.reshape(width)
+
+    do, ln, drms_weight = grads.run_compiled(grads.fna_output_backward, rows(dy), rows(o), rows(q), stats,
+                                             rows(ln_weight), rows(ln_bias), rows(rms_weight), needs[9])
+    dln, dk, dv = _GDPA_BACKWARD(ln.view(total, heads, dim), k, v, do.view(total, heads, dim), q_offsets,
+                                 kv_offsets, *ctx.args)
+    dq, dln_weight, dln_bias = grads.run_compiled(grads.fna_input_backward, rows(dy), do, rows(dln), rows(q),
+                                                  stats, rows(ln_weight), needs[7], needs[8])
+    return (dq.view(total, heads, dim), dk, dv, None, None, None, None, _param_grad(dln_weight, ln_weight),
+            _param_grad(dln_bias, ln_bias), _param_grad(drms_weight, rms_weight), *(None,) * 5)
+
+
+_GDPA = Op("gdpa", _gdpa_impl, _gdpa_fake, backward=_backward_gdpa, setup_context=_setup_gdpa)
+_FNA = Op("flash_norm_attention", _fna_impl, _fna_fake, eager=_fna_eager, backward=_backward_fna,
+          setup_context=_setup_fna)
 
 
 def gdpa(
@@ -99,16 +194,17 @@ def gdpa(
         [total_q, H, D] in the input dtype (fp32 accumulation; the activation's output is
         rounded to the input dtype before the second GEMM, as in flash attention, so fp16
         scores past 65504 overflow). Rows of a sequence with no KV rows are 0.
+        Differentiable in ``q``, ``k`` and ``v``: the backward recomputes the scores and runs
+        two deterministic Helion kernels (dq; dk and dv), nothing saved beyond the inputs
+        (:mod:`helion_kernels.kernels.gdpa_backward`).
 
     Raises:
         TypeError, ValueError: bad ranks, dtypes, devices, offsets, lengths past the
-            maxima, H < 1 or D < 16, unknown activation. NotImplementedError: an input
-            requires grad.
+            maxima, H < 1 or D < 16, unknown activation.
     """
     op = "gdpa"
     checks.jagged(op, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, activation, qk_scale)
     runtime.check_runnable(op, q.device)
-    checks.no_grad(op, q, k, v)
     return _GDPA(q, k, v, q_offsets, kv_offsets, int(max_seq_len_q), int(max_seq_len_kv), activation,
                  float(qk_scale), bool(validate))
 
@@ -151,11 +247,18 @@ def flash_norm_attention(
 
     Returns:
         [total_q, H, D] in the input dtype (fp32 statistics and accumulation).
+        Differentiable in ``q``, ``k``, ``v`` and the three norm parameters. When autograd
+        records the call the kernel also writes the un-normalised ``o = gdpa(ln_q) + ln_q``
+        and each row's fp32 statistics of both norms (as FlashAttention saves its output);
+        the backward is the RMSNorm's backward (one compiled row pass over H*D), the GDPA
+        backward kernels on the recomputed ``ln_q``, and the LayerNorm's backward (a second
+        row pass); the scores are recomputed, never stored.
 
     Raises:
         ValueError: ``max_seq_len_kv`` (or a KV sequence) longer than 128, with the unfused
-            alternative named; a head_dim D that is not a power of two; affine parameters of
-            the wrong shape; and everything :func:`gdpa` raises.
+            alternative named; affine parameters of the wrong shape; and everything
+            :func:`gdpa` raises. (A head_dim D that is not a power of two is fine: the kernel
+            masks the padded lanes out of both norms.)
     """
     op = "flash_norm_attention"
     if isinstance(max_seq_len_kv, Integral) and not isinstance(max_seq_len_kv, bool) and max_seq_len_kv > MAX_SEQ_LEN_KV:
@@ -166,11 +269,6 @@ def flash_norm_attention(
         )
     checks.jagged(op, q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv, activation, qk_scale)
     heads, dim = q.shape[1], q.shape[2]
-    if dim & (dim - 1):
-        # Helion 1.5 leaves the padded lanes of a non-power-of-two D in the per-head kernel's
-        # LayerNorm variance (x - mean != 0 there): wrong results under Triton (bench/NOTES.md).
-        raise ValueError(f"{op}: head_dim D = {dim} must be a power of two (16, 32, 64, 128, "
-                         f"256, ...); use gdpa() with separate norms for other head sizes")
     for name, t in (("ln_weight", ln_weight), ("ln_bias", ln_bias), ("rms_weight", rms_weight)):
         if t is None:
             continue
@@ -182,6 +280,6 @@ def flash_norm_attention(
         checks.same_device(op, q, t)
     eps = checks.finite(op, "eps", eps, minimum=0.0)
     runtime.check_runnable(op, q.device)
-    checks.no_grad(op, q, k, v, ln_weight, ln_bias, rms_weight)
+    keep = records_grad(q, k, v, ln_weight, ln_bias, rms_weight)
     return _FNA(q, k, v, q_offsets, kv_offsets, int(max_seq_len_q), int(max_seq_len_kv), ln_weight,
-                ln_bias, rms_weight, eps, activation, float(qk_scale), bool(validate))
+                ln_bias, rms_weight, eps, activation, float(qk_scale), bool(validate), keep)[0]

@@ -1,0 +1,172 @@
+"""Forward + backward of the FlashNormAttention block: the fused op against what a user runs.
+
+For each row of an attention workload (default ``flash_norm_attention``: batch 768, H 2-8,
+D 128, KV 128, jagged Q at fill 0.5), bf16 ``q``, ``k``, ``v`` and norm parameters all requiring
+grad, a random output gradient, and the same timer for every column of a row (``--timer
+plain``: ``triton.testing.do_bench`` medians; ``--timer graph``: CUDA-graph replay, the row
+falling back to plain for every column if any cannot be captured):
+
+* ``fused``: :func:`helion_kernels.flash_norm_attention` (fused forward, the GDPA backward
+  kernels between two compiled norm passes);
+* ``unfused_compiled`` / ``unfused_eager``: the block as a PyTorch user writes it (norms on
+  the jagged rows, attention on Q padded to its longest sequence), under
+  ``torch.compile(dynamic=True)`` and eager;
+* ``gdpa+eager_norms``: this package's ``gdpa`` (with its backward) between eager norms, the
+  honest unfused baseline (no padding);
+* ``fused_forward``: the fused forward alone, no grad, for the forward/backward split.
+
+Every gradient (q, k, v, three norm parameters) of ``fused`` is checked against
+``gdpa+eager_norms`` (5e-2, bf16). Offsets are not validated inside the timed calls
+(``validate=False``; the check runs once before).
+
+    python bench/attention_training_step.py [--where "H == 2"] [--timer graph] [--out DIR]
+
+Writes ``attention_training_step_<workload>[_graph][_<where>].{csv,md,json,png}`` to
+``bench/results/<gpu>/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from helion_kernels import flash_norm_attention, gdpa, registry
+from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, write_results
+from helion_kernels.kernels.flash_norm_attention import EPS, compiled_unfused_block, norm_block, unfused_block
+from helion_kernels.kernels.gdpa import random_jagged_inputs
+from helion_kernels.timing import measure_ceilings
+from helion_kernels.verify import check_outputs
+from helion_kernels.workloads import load_workload, problems
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from training_step import _time_all  # noqa: E402  (one timer for every column of a row)
+
+ACTIVATION = "fast_gelu"
+
+
+def _step(fn, leaves, dy):
+    """One forward + backward of ``fn(*leaves)`` against ``dy``, gradients reset first."""
+    def run():
+        for t in leaves:
+            t.grad = None
+        fn(*leaves).backward(dy)
+    return run
+
+
+def bench_row(row, timer: str, device: str = "cuda") -> dict:
+    torch._dynamo.reset()
+    dev, dt = torch.device(device), torch.bfloat16
+    q_lengths = row.q_lengths()
+    q, k, v, qo, ko = random_jagged_inputs(q_lengths, [row.seq_len_kv] * row.batch, row.H, row.D, dt, dev, 0)
+    gen = torch.Generator(device=dev).manual_seed(1)
+    width = row.H * row.D
+    params = [((1.0 if i != 1 else 0.0) + 0.1 * torch.randn(width, generator=gen, device=dev)).to(dt)
+              for i in range(3)]
+    leaves = [t.requires_grad_() for t in (q, k, v, *params)]
+    dy = torch.randn(q.shape, generator=gen, device=dev).to(dt)
+    max_q, max_kv = row.max_seq_len_q, row.seq_len_kv
+    flash_norm_attention(q.detach(), k.detach(), v.detach(), qo, ko, max_q, max_kv)  # validates once
+
+    def fused(q, k, v, lw, lb, rw):
+        return flash_norm_attention(q, k, v, qo, ko, max_q, max_kv, lw, lb, rw, EPS, ACTIVATION, 1.0,
+                                    validate=False)
+
+    def gdpa_eager_norms(q, k, v, lw, lb, rw):
+        return norm_block(q, lambda ln: gdpa(ln, k, v, qo, ko, max_q, max_kv, ACTIVATION, 1.0, validate=False),
+                          lw, lb, rw, EPS)
+
+    def block(fn):
+        return lambda q, k, v, lw, lb, rw: fn(q, k, v, qo, ko, max_q, max_kv, lw, lb, rw, EPS, 1.0, ACTIVATION)
+
+    steps = {
+        "fused": _step(fused, leaves, dy),
+        "gdpa+eager_norms": _step(gdpa_eager_norms, leaves, dy),
+        "unfused_compiled": _step(block(compiled_unfused_block()), leaves, dy),
+        "unfused_eager": _step(block(unfused_block), leaves, dy),
+    }
+    result = {**row.columns()}
+    steps["gdpa+eager_norms"]()
+    expected = [t.grad.clone() for t in leaves]
+    steps["fused"]()
+    try:
+        result["grad_rel_error"] = max(check_outputs(t.grad, e.float(), dt, tolerance=5e-2)
+                                       for t, e in zip(leaves, expected))
+        result["check"] = "ok"
+    except AssertionError as err:
+        result["grad_rel_error"], result["check"] = float("inf"), f"FAILED: {err}"
+
+    def forward_only():
+        with torch.no_grad():
+            fused(*leaves)
+
+    steps["fused_forward"] = forward_only
+    times, result["timer"] = _time_all(steps, timer)
+    result.update({f"{name}_ms": ms for name, ms in times.items()})
+    result["speedup_vs_compiled"] = result["unfused_compiled_ms"] / result["fused_ms"]
+    result["speedup_vs_gdpa+eager_norms"] = result["gdpa+eager_norms_ms"] / result["fused_ms"]
+    return result
+
+
+def plot(df: pd.DataFrame, meta: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"H{r.H} q<={r.max_seq_len_q}" for r in df.itertuples()]
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, len(df) * 0.8), 8))
+    aim_bars(axes[0], df["speedup_vs_compiled"], labels, 1.5, "aim 1.5x",
+             "speed-up over the compiled unfused block", baseline=1.0)
+    axes[0].set_title(f"{meta['gpu']}: FlashNormAttention forward + backward (higher is better)")
+    aim_bars(axes[1], df["speedup_vs_gdpa+eager_norms"], labels, 1.2, "aim 1.2x",
+             "speed-up over gdpa + eager norms", baseline=1.0)
+    finish_plot(fig, axes, path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="flash_norm_attention")
+    ap.add_argument("--where", default=None)
+    ap.add_argument("--timer", choices=["plain", "graph"], default="plain")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    try:
+        table = load_workload(args.workload, args.where, kind="attention")
+    except ValueError as err:
+        ap.error(str(err))
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    warnings.simplefilter("ignore", registry.ConfigFallbackWarning)
+    device = torch.device("cuda")
+    ceilings = measure_ceilings(device)
+    rows = []
+    for row in problems(table, kind="attention"):
+        rows.append(bench_row(row, args.timer))
+        print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
+    df = pd.DataFrame(rows)
+    meta = run_meta(device, ceilings, inputs=f"bf16 q, k, v and norm parameters, all requiring grad; {ACTIVATION}; "
+                                             "random output gradient",
+                    baselines="unfused block (padded attention) eager and under torch.compile(dynamic=True); "
+                              "gdpa (with its backward) between eager norms")
+    meta["timing"] = ("CUDA-graph replay (triton.testing.do_bench_cudagraph), median" if args.timer == "graph"
+                      else "triton.testing.do_bench, median, not graph-captured") + ", the same for every column"
+    meta["command"] = ("python bench/attention_training_step.py" + (f" --where {args.where!r}" if args.where else "")
+                       + (" --timer graph" if args.timer == "graph" else ""))
+    stem = (f"attention_training_step_{args.workload}" + ("_graph" if args.timer == "graph" else "")
+            + ("_" + re.sub(r"[^A-Za-z0-9]+", "_", args.where).strip("_") if args.where else ""))
+    out = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
+    paths = write_results(df, meta, out, stem, plot, notes=(
+        "`speedup_vs_*` = that column's time / `fused_ms` (forward + backward)",))
+    print("wrote " + ", ".join(map(str, paths)))
+    return 1 if (df["check"] != "ok").any() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
