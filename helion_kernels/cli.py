@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="Helion autotune_budget_seconds per shape (default 60)")
     tune.add_argument("--force", action="store_true", help="re-tune shapes already in the registry")
     tune.add_argument("--seed", type=int, default=0, help="random seed of inputs and search")
-    tune.add_argument("--gpus", default="1", help=(
+    tune.add_argument("--gpus", default="1", type=_gpus_value, help=(
         "tune on this many GPUs at once (a count, or 'all'): one worker process per GPU takes the "
         "next shape from one queue, the largest first (default 1: in this process)"))
 
@@ -71,6 +71,14 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="kernels, workloads and registry coverage")
     return p
+
+
+def _gpus_value(value: str) -> str:
+    """``--gpus`` checked for its form (a positive count or "all") when the arguments are read;
+    against the machine's GPUs later (:func:`~.parallel.parse_gpus`)."""
+    if value != "all" and not (value.isdigit() and int(value) > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'all', got {value!r}")
+    return value
 
 
 def _problems(args: argparse.Namespace) -> list:

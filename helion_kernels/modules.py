@@ -264,6 +264,15 @@ class FlashNormAttention(nn.Module):
                  qk_scale: float = 1.0, elementwise_affine: bool = True, ln_bias: bool = True,
                  device=None, dtype=None) -> None:
         super().__init__()
+        from .kernels.limits import ACTIVATIONS
+
+        if not (isinstance(num_heads, int) and num_heads >= 1 and isinstance(head_dim, int) and head_dim >= 16):
+            raise ValueError(f"FlashNormAttention: num_heads must be >= 1 and head_dim >= 16 (the smallest "
+                             f"tensor-core dot), got {num_heads!r} and {head_dim!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"FlashNormAttention: activation must be one of {ACTIVATIONS}, got {activation!r}")
+        if not eps >= 0:
+            raise ValueError(f"FlashNormAttention: eps must be >= 0, got {eps!r}")
         width = num_heads * head_dim
         self.num_heads, self.head_dim = num_heads, head_dim
         self.eps, self.activation, self.qk_scale = eps, activation, qk_scale
@@ -275,7 +284,14 @@ class FlashNormAttention(nn.Module):
                 kv_offsets: torch.Tensor, max_seq_len_q: int, max_seq_len_kv: int, *,
                 validate: bool = True) -> torch.Tensor:
         """See the class docstring and :func:`~helion_kernels.flash_norm_attention` (whose
-        errors it raises)."""
+        errors it raises).
+
+        Raises:
+            ValueError: ``q`` is not [total_q, num_heads, head_dim] of this module.
+        """
+        if isinstance(q, torch.Tensor) and (q.dim() != 3 or tuple(q.shape[1:]) != (self.num_heads, self.head_dim)):
+            raise ValueError(f"FlashNormAttention: q must be [total_q, H, D] = [*, {self.num_heads}, "
+                             f"{self.head_dim}] (the module's num_heads and head_dim), got {tuple(q.shape)}")
         return flash_norm_attention(q, k, v, q_offsets, kv_offsets, max_seq_len_q, max_seq_len_kv,
                                     self.ln.weight, self.ln.bias, self.rms.weight, self.eps, self.activation,
                                     self.qk_scale, validate=validate)

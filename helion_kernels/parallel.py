@@ -1,9 +1,11 @@
 """A tuning sweep spread over the GPUs of one machine: one worker process per GPU.
 
 Items (one per registry key) wait in one queue, longest first as the caller orders them;
-each worker is a spawned process pinned to its GPU (``CUDA_VISIBLE_DEVICES`` set before
-anything touches CUDA, so Helion's own benchmarking subprocesses inherit it), takes the next
-item, runs ``job(payload)`` and reports a :class:`~.tuning.TuneResult`. The parent shows one
+each worker is a spawned process pinned to its GPU (started with ``CUDA_VISIBLE_DEVICES`` set
+to it, so neither torch nor Helion's own benchmarking subprocesses see another), takes the next
+item, runs ``job(payload)`` and reports its result (a :class:`~.tuning.TuneResult`: any object
+with ``key``, ``status`` and ``message``; ``failed(key, message)`` builds one for an item whose
+job raised or whose worker died). The parent shows one
 progress display for the whole sweep. Every worker writes the same registry files, which
 :func:`~.registry.save_entry` serialises with a file lock and replaces atomically, so a
 finished item is saved whatever happens to the others; a rerun skips what is saved.
@@ -36,13 +38,12 @@ class Item:
     payload: Any
 
 
-def _worker(gpu: str, slot: int, job: Callable, tasks, results, current) -> None:
-    """Pin this process to ``gpu``, then run ``job`` on queued items until the queue is empty.
-    ``current[slot]`` holds the index of the item in progress (-1: none), written before the
-    job starts, so the parent knows what a crash lost even if no message got out."""
-    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-    from .tuning import TuneResult  # after pinning: importing torch must not pick the GPU first
-
+def _worker(gpu: str, slot: int, job: Callable, failed: Callable, tasks, results, current) -> None:
+    """Run ``job`` on queued items until the queue is empty, on ``gpu`` (the process was
+    started with ``CUDA_VISIBLE_DEVICES`` set to it). ``current[slot]`` holds the index of the
+    item in progress (-1: none), written before the job starts, so the parent knows what a
+    crash lost even if no message got out."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu  # already so; kept for Helion's own subprocesses
     while True:
         try:
             index, item = tasks.get(timeout=_POLL_SECONDS * 4)
@@ -54,24 +55,23 @@ def _worker(gpu: str, slot: int, job: Callable, tasks, results, current) -> None
         try:
             result = job(item.payload)
         except Exception as err:  # the job's own failure: report it, take the next item
-            result = TuneResult(item.key, "failed", time.perf_counter() - t0, f"{type(err).__name__}: {err}")
+            result = failed(item.key, f"{type(err).__name__}: {err} (after {time.perf_counter() - t0:.0f} s)")
         results.put(("done", slot, index, result))
         current[slot] = -1
 
 
-def run_parallel(title: str, items: list[Item], job: Callable, gpus: list[str], console=None) -> list:
+def run_parallel(title: str, items: list[Item], job: Callable, failed: Callable, gpus: list[str],
+                 console=None) -> list:
     """Run ``job(item.payload)`` for every item on worker processes, one per entry of
     ``gpus`` (CUDA device indices as strings), in the order given; return the results in that
-    order. ``job`` must be a module-level function (it is pickled to spawned processes) that
-    returns a :class:`~.tuning.TuneResult`.
+    order. ``job`` and ``failed`` (``(key, message) -> result``) must be module-level
+    functions: they are pickled to spawned processes.
 
     Raises:
         ValueError: no GPUs given.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from .tuning import TuneResult
 
     if not gpus:
         raise ValueError("run_parallel needs at least one GPU")
@@ -85,9 +85,19 @@ def run_parallel(title: str, items: list[Item], job: Callable, gpus: list[str], 
     restarts = [0] * len(gpus)
 
     def start(slot: int):
-        proc = ctx.Process(target=_worker, args=(gpus[slot], slot, job, tasks, results, current),
+        proc = ctx.Process(target=_worker, args=(gpus[slot], slot, job, failed, tasks, results, current),
                            name=f"tune-gpu{gpus[slot]}", daemon=True)
-        proc.start()
+        # The spawned process inherits this environment: pinned before it imports anything
+        # (torch fixes the visible devices the first time anything asks CUDA about them).
+        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[slot]
+        try:
+            proc.start()
+        finally:
+            if saved is None:
+                del os.environ["CUDA_VISIBLE_DEVICES"]
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = saved
         return proc
 
     workers = [start(slot) for slot in range(len(gpus))]
@@ -130,8 +140,8 @@ def run_parallel(title: str, items: list[Item], job: Callable, gpus: list[str], 
                 if lost >= 0 and lost not in done:  # it died on this item
                     running.pop(slot, None)
                     current[slot] = -1
-                    finish(lost, TuneResult(items[lost].key, "failed", 0.0,
-                                            f"the worker on GPU {gpus[slot]} died (exit code {proc.exitcode})"))
+                    finish(lost, failed(items[lost].key,
+                                        f"the worker on GPU {gpus[slot]} died (exit code {proc.exitcode})"))
                     describe()
                 crashed = proc.exitcode != 0
                 if crashed and len(done) < len(items) and restarts[slot] < MAX_RESTARTS:
@@ -142,7 +152,7 @@ def run_parallel(title: str, items: list[Item], job: Callable, gpus: list[str], 
                 if results.empty():
                     for index, item in enumerate(items):  # no worker left to take them
                         if index not in done:
-                            finish(index, TuneResult(item.key, "failed", 0.0, "no worker left (every restart crashed)"))
+                            finish(index, failed(item.key, "no worker left (every restart crashed)"))
     for proc in workers:
         proc.join(timeout=5)
     return [done[i] for i in range(len(items))]

@@ -202,10 +202,15 @@ def tune(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype, options:
         from .parallel import Item, run_parallel
 
         items = [Item(key, labels[key], (spec.name, picked[key], dtype, options)) for key in order]
-        return run_parallel(f"autotune {spec.name}", items, _tune_job, gpus)
+        return run_parallel(f"autotune {spec.name}", items, _tune_job, failed_result, gpus)
     # progress_bar=False: Helion's own bar would fight ours for the terminal.
     return sweep(f"autotune {spec.name}", [(key, labels[key]) for key in order],
                  lambda key: tune_problem(spec, picked[key], dtype, options, device, progress_bar=False))
+
+
+def failed_result(key, message: str) -> TuneResult:
+    """The result of a key whose tuning raised or whose worker died."""
+    return TuneResult(key, "failed", 0.0, message)
 
 
 def _tune_job(payload: tuple) -> TuneResult:

@@ -220,3 +220,22 @@ def test_gradcheck_norm_backward_formulas():
 
     q, m = t(4, 6), (0.3 * t(6, 6)).detach().requires_grad_()
     assert torch.autograd.gradcheck(_Block.apply, (q, m, t(6, center=1.0), t(6), t(6, center=1.0)))
+
+
+def test_double_backward_is_a_clear_error():
+    (q, k, v), params, qo, ko, max_q, max_kv = _leaves("single", torch.float32, 12)
+    out = hk.flash_norm_attention(q, k, v, qo, ko, max_q, max_kv, *params)
+    (gq,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gq.sum().backward()
+
+
+def test_module_checks_its_configuration():
+    for kwargs in ({"num_heads": 0, "head_dim": 32}, {"num_heads": 2, "head_dim": 8},
+                   {"num_heads": 2, "head_dim": 32, "activation": "tanh"},
+                   {"num_heads": 2, "head_dim": 32, "eps": -1.0}):
+        with pytest.raises(ValueError, match="FlashNormAttention"):
+            hk.FlashNormAttention(**kwargs)
+    (q, k, v), _, qo, ko, max_q, max_kv = _leaves("single", torch.float32, 13)
+    with pytest.raises(ValueError, match=r"\[\*, 3, 32\] \(the module's num_heads"):
+        hk.FlashNormAttention(3, D).to(DEVICE)(q, k, v, qo, ko, max_q, max_kv)

@@ -91,6 +91,14 @@ def test_errors_are_one_line(capsys, argv, message, workload_registry):
     assert err.startswith("helion-kernels bench: error:") and message in err
 
 
+@pytest.mark.parametrize("value", ["abc", "0", "-1", "1.5"])
+def test_gpus_must_be_a_count_or_all(capsys, value):
+    """Checked when the arguments are read, before anything asks for a GPU."""
+    with pytest.raises(SystemExit) as exc:
+        main(["autotune", "--kernel", "matmul", "--shape", "64,64,64", "--gpus", value])
+    assert exc.value.code == 2 and "--gpus: must be a positive integer or 'all'" in capsys.readouterr().err
+
+
 def test_unknown_kernel_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--kernel", "nope", "--workload", "x"])

@@ -36,7 +36,7 @@ def _items(kernel: str, ms, crash_at=-1, pause=0.05):
 
 def test_every_item_once_over_two_pinned_workers(registry_dir):
     ms = list(range(1, 13))
-    results = run_parallel("fake", _items("k_two", ms), _parallel_jobs.save_job, ["0", "1"])
+    results = run_parallel("fake", _items("k_two", ms), _parallel_jobs.save_job, tuning.failed_result, ["0", "1"])
     assert [r.key for r in results] == [Shape(m, 64, 64) for m in ms]  # in the order given
     assert all(r.status == "tuned" for r in results)
     entries = _entries("k_two")
@@ -46,7 +46,7 @@ def test_every_item_once_over_two_pinned_workers(registry_dir):
 
 def test_a_crashed_worker_loses_only_its_item(registry_dir):
     ms = list(range(1, 9))
-    results = run_parallel("fake", _items("k_crash", ms, crash_at=3), _parallel_jobs.save_job, ["0", "1"])
+    results = run_parallel("fake", _items("k_crash", ms, crash_at=3), _parallel_jobs.save_job, tuning.failed_result, ["0", "1"])
     status = {r.key.M: r.status for r in results}
     assert status.pop(3) == "failed" and set(status.values()) == {"tuned"}
     assert "died" in next(r.message for r in results if r.key.M == 3)
@@ -75,7 +75,8 @@ def test_two_sweeps_at_once(registry_dir):
         "from helion_kernels.parallel import Item, run_parallel;"
         "from helion_kernels.spec import Shape;"
         "items = [Item(Shape(m, 64, 64), str(m), ('k_sweeps', m, -1, 0.02)) for m in range({a}, {b})];"
-        "r = run_parallel('fake', items, _parallel_jobs.save_job, ['0', '1']);"
+        "from helion_kernels.tuning import failed_result;"
+        "r = run_parallel('fake', items, _parallel_jobs.save_job, failed_result, ['0', '1']);"
         "sys.exit(0 if all(x.status == 'tuned' for x in r) else 1)"
     )
     procs = [subprocess.Popen([sys.executable, "-c", script.format(tests=str(TESTS), a=a, b=a + 10)])
@@ -90,7 +91,7 @@ def test_tune_hands_the_largest_keys_out_first(monkeypatch):
     from helion_kernels.kernels import get_spec
 
     seen = {}
-    monkeypatch.setattr(parallel, "run_parallel", lambda title, items, job, gpus: seen.update(
+    monkeypatch.setattr(parallel, "run_parallel", lambda title, items, job, failed, gpus: seen.update(
         items=items, job=job, gpus=gpus) or [])
     spec = get_spec("matmul")
     problems = [Shape(64, 64, 64), Shape(4096, 512, 512), Shape(1024, 256, 256)]

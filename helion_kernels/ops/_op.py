@@ -67,6 +67,7 @@ def _autograd_function(name: str, impl: Callable, setup_context: Callable, backw
     def setup(ctx, inputs, output):
         setup_context(ctx, inputs, output)
 
+    @torch.autograd.function.once_differentiable  # no double backward: a clear error, not a wrong one
     def backward_(ctx, *grads):
         return backward(ctx, *grads)
 
