@@ -7,9 +7,11 @@ registered key's config and the spec's hand-picked tilings; every candidate is c
 against the fp32 reference), then the winning config is checked again
 (:func:`~.verify.verify_config`: several fresh random draws, and bitwise-identical repeated
 runs), timed by CUDA-graph replay and written to the user registry
-(:func:`~.registry.registry_path`). For a kernel with a ``dispatch_baseline`` (the full-row
-post-norms) the unfused pipeline is timed too and the faster of the two is recorded in the
-entry, which is what the public op then runs. Helion's own cache (``HELION_CACHE_DIR``)
+(:func:`~.registry.registry_path`). For a kernel with a ``dispatch_baseline`` (the pre-norm
+and the full-row post-norms) the unfused pipeline is timed too and the faster of the two is
+recorded in the entry, which is what the public op then runs. The entry and the printed line
+also give the best hand-picked seed's time, timed the same way, and how many configs Helion's
+search timed (its post-autotune hook): what the search added over the seeds. Helion's own cache (``HELION_CACHE_DIR``)
 makes an interrupted sweep resume cheaply; keys already in the registry are skipped unless
 ``force``.
 """
@@ -108,7 +110,9 @@ def tune_problem(
     kernel = tuning_kernel(spec, seeds, dtype, options, progress_bar)
     args = spec.make_args(problem, dtype, device, options.seed)
     bound = kernel.bind(args)
+    _LAST_SEARCH.clear()
     config = bound.autotune(args, force=options.force)
+    search = dict(_LAST_SEARCH)
     if spec.portable_config is not None:
         config = spec.portable_config(config)
         bound.set_config(config)
@@ -116,6 +120,12 @@ def tune_problem(
 
     rel_error = verify_config(bound, spec, problem, dtype, device, options.seed + 1)
     latency = time_ms(lambda: bound(*args))
+    # The best hand-picked seed, timed the same way: what the search added over the seeds.
+    # (A kernel of its own: setting configs on spec.kernel's bound kernel would change what
+    # the runtime's cached launches of this shape run.)
+    plain = helion.kernel(spec.kernel.fn, static_shapes=spec.kernel.settings.static_shapes)
+    seed_ms, seed_index = best_seed(lambda: plain.bind(args), seeds, lambda b: time_ms(lambda: b(*args)))
+    search.update(best_seed_ms=None if seed_ms is None else round(seed_ms, 5), best_seed=seed_index)
     extra = {} if problem == key else {"tuned_on": problem.columns()}
     decision = ""
     if spec.dispatch_baseline is not None:
@@ -127,15 +137,53 @@ def tune_problem(
             "unfused": spec.dispatch_baseline,
         }
         decision = f", {extra['dispatch']['choice']} (unfused {spec.dispatch_baseline}: {unfused_ms:.4f} ms)"
-    entry = registry.Entry(shape=key, dtype=name, config=config,
-                           meta=entry_meta(latency, rel_error, options, tune_seconds, near, **extra))
+    meta = entry_meta(latency, rel_error, options, tune_seconds, near, **extra)
+    meta["autotune"].update(search)
+    entry = registry.Entry(shape=key, dtype=name, config=config, meta=meta)
     registry.save_entry(spec.name, gpu, entry, gpu_name=torch.cuda.get_device_name(device))
     on = "" if problem == key else f" on {problem}"
+    seeds_text = "no seed ran" if seed_ms is None else f"best seed {seed_ms:.4f} ms"
+    timed = f", {search['configs_tested']} configs timed" if "configs_tested" in search else ""
     return TuneResult(
         key, "tuned", time.perf_counter() - t0,
-        f"{latency:.4f} ms{on}{decision}, rel. error {rel_error:.2e}, tuned in {tune_seconds:.0f} s",
+        f"{latency:.4f} ms{on} ({seeds_text}{timed}){decision}, rel. error {rel_error:.2e}, "
+        f"tuned in {tune_seconds:.0f} s",
         entry,
     )
+
+
+def best_seed(bind, seeds: list, timer) -> tuple[float | None, int | None]:
+    """(time, index) of the fastest of ``seeds``: each set on a fresh ``bind()`` and timed by
+    ``timer(bound)``; a seed that does not compile or run at this shape is skipped."""
+    best: tuple[float | None, int | None] = (None, None)
+    for index, seed in enumerate(seeds):
+        try:
+            bound = bind()
+            bound.set_config(seed)
+            ms = timer(bound)
+        except Exception:  # a seed illegal at this shape (too much shared memory, ...)
+            continue
+        if best[0] is None or ms < best[0]:
+            best = (ms, index)
+    return best
+
+
+# What Helion's autotuner reports of the last search (its post-autotune hook).
+_LAST_SEARCH: dict = {}
+
+
+def _record_search(metrics) -> None:
+    _LAST_SEARCH.update(configs_tested=metrics.num_configs_tested,
+                        compile_failures=metrics.num_compile_failures,
+                        accuracy_failures=metrics.num_accuracy_failures)
+
+
+try:
+    from helion.autotuner.metrics import register_post_autotune_hook
+except ImportError:  # another Helion: the counts are left out of the entries
+    pass
+else:
+    register_post_autotune_hook(_record_search)
 
 
 def entry_meta(latency: float, rel_error: float, options: TuneOptions, tune_seconds: float,

@@ -97,3 +97,32 @@ def test_tuning_settings_pickle(name):
     kernel = tuning_kernel(spec, list(spec.seed_configs), torch.bfloat16, TuneOptions(), progress_bar=False)
     pickle.dumps(kernel.settings.autotune_baseline_accuracy_check_fn)
     pickle.dumps(kernel.settings.autotune_baseline_fn)
+
+
+def test_best_seed_skips_seeds_that_fail():
+    """The fastest seed and its index; a seed that cannot compile or run is skipped."""
+    from helion_kernels.tuning import best_seed
+
+    class Bound:
+        def set_config(self, config):
+            self.config = config
+
+    times = {"a": 2.0, "b": None, "c": 1.5}
+
+    def timer(bound):
+        if times[bound.config] is None:
+            raise RuntimeError("out of shared memory")
+        return times[bound.config]
+
+    assert best_seed(Bound, ["a", "b", "c"], timer) == (1.5, 2)
+    assert best_seed(Bound, ["b"], timer) == (None, None)
+
+
+def test_search_counts_come_from_helions_hook():
+    from helion.autotuner.metrics import AutotuneMetrics, _run_post_autotune_hooks
+
+    from helion_kernels import tuning
+
+    tuning._LAST_SEARCH.clear()
+    _run_post_autotune_hooks(AutotuneMetrics(num_configs_tested=17, num_compile_failures=2, num_accuracy_failures=1))
+    assert tuning._LAST_SEARCH == {"configs_tested": 17, "compile_failures": 2, "accuracy_failures": 1}
