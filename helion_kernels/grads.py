@@ -65,8 +65,12 @@ def mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a.float() @ b.float()
 
 
-def _param_grad(value: torch.Tensor | None, param: torch.Tensor | None, needed: bool) -> torch.Tensor | None:
-    return value.to(param.dtype) if needed and param is not None and value is not None else None
+def param_grad(value: torch.Tensor | None, param: torch.Tensor | None, needed: bool = True) -> torch.Tensor | None:
+    """A parameter's gradient computed in fp32 (``value``), in the parameter's shape and dtype;
+    None where it is not needed or either is None."""
+    if not needed or param is None or value is None:
+        return None
+    return value.reshape(param.shape).to(param.dtype)
 
 
 def matmul_grads(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, need_a: bool = True, need_b: bool = True):
@@ -176,7 +180,7 @@ def postnorm_grads(kind: str, a, b, weight, bias, eps: float, dy, needs: tuple[b
                                               needs[3] and bias is not None, need_linear_bias)
     da, db = matmul_grads(a, b, dc, needs[0], needs[1])
     dresidual = dc.to(residual_dtype) if needs[5] and residual_dtype is not None else None
-    return (da, db, _param_grad(dweight, weight, needs[2]), _param_grad(dbias, bias, needs[3]),
+    return (da, db, param_grad(dweight, weight, needs[2]), param_grad(dbias, bias, needs[3]),
             dc_sum.to(linear_bias_dtype) if need_linear_bias else None, dresidual)
 
 

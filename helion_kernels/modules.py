@@ -44,18 +44,14 @@ def _compute_dtypes(x: torch.Tensor, norm: nn.Module, norm_input: str,
     sees (``norm_input``: "x" for a pre-norm, "gemm" for a post-norm, promoted with a
     residual's dtype as ``linear(x) + residual`` is); else ``x.dtype`` (promoted likewise)."""
     device = x.device.type
-    extra = () if residual is None else (residual.dtype,)
-    if not torch.is_autocast_enabled(device):
-        return x.dtype, _promote(x.dtype, *extra)
-    gemm = torch.get_autocast_dtype(device)
-    seen = x.dtype if norm_input == "x" else _promote(gemm, *extra)
+    autocast = torch.is_autocast_enabled(device)
+    gemm = torch.get_autocast_dtype(device) if autocast else x.dtype
+    seen = x.dtype if norm_input == "x" else gemm
+    if residual is not None and norm_input == "gemm":
+        seen = torch.promote_types(seen, residual.dtype)
+    if not autocast:
+        return gemm, seen
     return gemm, _autocast_norm_dtype(type(norm).__name__, device, gemm, seen)
-
-
-def _promote(dtype: torch.dtype, *others: torch.dtype) -> torch.dtype:
-    for other in others:
-        dtype = torch.promote_types(dtype, other)
-    return dtype
 
 
 def _autocast_norm_dtype(norm: str, device: str, autocast_dtype: torch.dtype, input_dtype: torch.dtype) -> torch.dtype:

@@ -38,12 +38,11 @@ class Item:
     payload: Any
 
 
-def _worker(gpu: str, slot: int, job: Callable, failed: Callable, tasks, results, current) -> None:
-    """Run ``job`` on queued items until the queue is empty, on ``gpu`` (the process was
-    started with ``CUDA_VISIBLE_DEVICES`` set to it). ``current[slot]`` holds the index of the
-    item in progress (-1: none), written before the job starts, so the parent knows what a
-    crash lost even if no message got out."""
-    os.environ["CUDA_VISIBLE_DEVICES"] = gpu  # already so; kept for Helion's own subprocesses
+def _worker(slot: int, job: Callable, failed: Callable, tasks, results, current) -> None:
+    """Run ``job`` on queued items until the queue is empty (on the GPU the process was
+    started pinned to). ``current[slot]`` holds the index of the item in progress (-1: none),
+    written before the job starts, so the parent knows what a crash lost even if no message
+    got out."""
     while True:
         try:
             index, item = tasks.get(timeout=_POLL_SECONDS * 4)
@@ -85,7 +84,7 @@ def run_parallel(title: str, items: list[Item], job: Callable, failed: Callable,
     restarts = [0] * len(gpus)
 
     def start(slot: int):
-        proc = ctx.Process(target=_worker, args=(gpus[slot], slot, job, failed, tasks, results, current),
+        proc = ctx.Process(target=_worker, args=(slot, job, failed, tasks, results, current),
                            name=f"tune-gpu{gpus[slot]}", daemon=True)
         # The spawned process inherits this environment: pinned before it imports anything
         # (torch fixes the visible devices the first time anything asks CUDA about them).

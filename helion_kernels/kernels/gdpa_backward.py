@@ -30,7 +30,7 @@ import helion
 import helion.language as hl
 import torch
 
-from .gdpa import _SQRT_2_OVER_PI, activation_fn, apply_activation
+from .gdpa import _SQRT_2_OVER_PI, apply_activation
 
 # Not tuned yet: fixed configs pinned on the kernels (block_sizes in loop order).
 DQ_CONFIG = helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2)  # [tile_q, tile_kv]
@@ -155,5 +155,5 @@ def gdpa_backward_reference(
     return torch.autograd.grad(out, leaves, dout.to(dt), allow_unused=True)
 
 
-__all__ = ["DKDV_CONFIG", "DQ_CONFIG", "activation_fn", "activation_grad", "gdpa_backward_reference",
+__all__ = ["DKDV_CONFIG", "DQ_CONFIG", "activation_grad", "gdpa_backward_reference",
            "gdpa_dkdv_kernel", "gdpa_dq_kernel"]

@@ -125,10 +125,6 @@ def _setup_fna(ctx, inputs, output):
     ctx.mark_non_differentiable(output[1], output[2])
 
 
-def _param_grad(grad: torch.Tensor | None, param: torch.Tensor | None) -> torch.Tensor | None:
-    return None if grad is None or param is None else grad.reshape(param.shape).to(param.dtype)
-
-
 def _backward_fna(ctx, dy, *_):
     """The RMSNorm's backward (one compiled row pass over H*D), the attention's (the GDPA
     backward kernels on the recomputed LayerNorm output), the LayerNorm's (a second row pass)."""
@@ -148,8 +144,8 @@ def _backward_fna(ctx, dy, *_):
                                  kv_offsets, *ctx.args)
     dq, dln_weight, dln_bias = grads.run_compiled(grads.fna_input_backward, rows(dy), do, rows(dln), rows(q),
                                                   stats, rows(ln_weight), needs[7], needs[8])
-    return (dq.view(total, heads, dim), dk, dv, None, None, None, None, _param_grad(dln_weight, ln_weight),
-            _param_grad(dln_bias, ln_bias), _param_grad(drms_weight, rms_weight), *(None,) * 5)
+    return (dq.view(total, heads, dim), dk, dv, None, None, None, None, grads.param_grad(dln_weight, ln_weight),
+            grads.param_grad(dln_bias, ln_bias), grads.param_grad(drms_weight, rms_weight), *(None,) * 5)
 
 
 _GDPA = Op("gdpa", _gdpa_impl, _gdpa_fake, backward=_backward_gdpa, setup_context=_setup_gdpa)

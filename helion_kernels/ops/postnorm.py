@@ -101,15 +101,15 @@ def _like(param: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
     return None if param is None else param.to(x.dtype)
 
 
-def contiguous_operands(a, b, *params) -> tuple:
-    """``a`` and the optional affine parameters as contiguous tensors (None stays None), ``b``
-    as :func:`gemm_operand`."""
-    return (a.contiguous(), gemm_operand(b), *(None if p is None else p.contiguous() for p in params))
-
-
-def contiguous_operands_or_none(*tensors) -> tuple:
-    """The optional addends, contiguous (None stays None)."""
+def contiguous_or_none(*tensors) -> tuple:
+    """Optional tensors (affine parameters, addends), contiguous; None stays None."""
     return tuple(None if t is None else t.contiguous() for t in tensors)
+
+
+def contiguous_operands(a, b, *params) -> tuple:
+    """``a`` contiguous, ``b`` as :func:`gemm_operand`, the optional ``params`` as
+    :func:`contiguous_or_none`."""
+    return (a.contiguous(), gemm_operand(b), *contiguous_or_none(*params))
 
 
 def _norm_input(a, b, linear_bias, residual, with_residual: bool = True) -> torch.Tensor:
@@ -123,7 +123,7 @@ def _empty_outputs(spec, args, a, m, n, fused, stats: int, keep: bool) -> tuple:
     """What an op returns for M = 0 or N = 0: the output, ``stats`` NaN statistics (over no
     columns) and the kept norm input, after the fused flag is checked."""
     use_fused(spec, args, fused if fused is not None else False)  # fused=True past the limit raises
-    nan = torch.full((max(stats, 1), m), float("nan"), dtype=torch.float32, device=a.device)
+    nan = torch.full((stats, m), float("nan"), dtype=torch.float32, device=a.device)
     return (a.new_empty(m, n), *(nan[i].clone() for i in range(stats)), a.new_empty(m, n) if keep else None)
 
 
@@ -134,7 +134,7 @@ def _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused, keep=F
     (a backward will need them)."""
     spec = _kernels.SPEC_LAYERNORM
     m, n = a.shape[0], b.shape[1]
-    args = (*contiguous_operands(a, b, weight, bias), eps, *contiguous_operands_or_none(linear_bias, residual))
+    args = (*contiguous_operands(a, b, weight, bias), eps, *contiguous_or_none(linear_bias, residual))
     stats = return_stats or keep
     if m == 0 or n == 0:
         y, mean, rstd, h = _empty_outputs(spec, args, a, m, n, fused, 2, keep)
@@ -171,7 +171,7 @@ def _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused, keep=False, lin
     """(y, rstd, h), as :func:`_matmul_layernorm_eager`."""
     spec = _kernels.SPEC_RMSNORM
     m, n = a.shape[0], b.shape[1]
-    args = (*contiguous_operands(a, b, weight), eps, *contiguous_operands_or_none(linear_bias, residual))
+    args = (*contiguous_operands(a, b, weight), eps, *contiguous_or_none(linear_bias, residual))
     stats = return_rstd or keep
     if m == 0 or n == 0:
         y, rstd, h = _empty_outputs(spec, args, a, m, n, fused, 1, keep)
