@@ -20,6 +20,7 @@ Every gradient (q, k, v, three norm parameters) of ``fused`` is checked against
 (``validate=False``; the check runs once before).
 
     python bench/attention_training_step.py [--where "H == 2"] [--timer graph] [--out DIR]
+    python bench/attention_training_step.py --where "H == 2 and max_seq_len_q == 256" --profile
 
 Writes ``attention_training_step_<workload>[_graph][_<where>].{csv,md,json,png}`` to
 ``bench/results/<gpu>/``.
@@ -59,7 +60,10 @@ def _step(fn, leaves, dy):
     return run
 
 
-def bench_row(row, timer: str, device: str = "cuda") -> dict:
+def row_steps(row, device: str = "cuda") -> tuple[dict, dict]:
+    """(the row's columns as zero-argument steps, the gradient check of ``fused`` against
+    ``gdpa+eager_norms``) on fresh bf16 inputs for ``row``; ``fused_forward`` is the fused
+    forward alone, no grad."""
     torch._dynamo.reset()
     dev, dt = torch.device(device), torch.bfloat16
     q_lengths = row.q_lengths()
@@ -90,22 +94,28 @@ def bench_row(row, timer: str, device: str = "cuda") -> dict:
         "unfused_compiled": _step(block(compiled_unfused_block()), leaves, dy),
         "unfused_eager": _step(block(unfused_block), leaves, dy),
     }
-    result = {**row.columns()}
+    check = {}
     steps["gdpa+eager_norms"]()
     expected = [t.grad.clone() for t in leaves]
     steps["fused"]()
     try:
-        result["grad_rel_error"] = max(check_outputs(t.grad, e.float(), dt, tolerance=5e-2)
-                                       for t, e in zip(leaves, expected))
-        result["check"] = "ok"
+        check["grad_rel_error"] = max(check_outputs(t.grad, e.float(), dt, tolerance=5e-2)
+                                      for t, e in zip(leaves, expected))
+        check["check"] = "ok"
     except AssertionError as err:
-        result["grad_rel_error"], result["check"] = float("inf"), f"FAILED: {err}"
+        check["grad_rel_error"], check["check"] = float("inf"), f"FAILED: {err}"
 
     def forward_only():
         with torch.no_grad():
             fused(*leaves)
 
     steps["fused_forward"] = forward_only
+    return steps, check
+
+
+def bench_row(row, timer: str, device: str = "cuda") -> dict:
+    steps, check = row_steps(row, device)
+    result = {**row.columns(), **check}
     times, result["timer"] = _time_all(steps, timer)
     result.update({f"{name}_ms": ms for name, ms in times.items()})
     result["speedup_vs_compiled"] = result["unfused_compiled_ms"] / result["fused_ms"]
@@ -135,6 +145,10 @@ def main() -> int:
     ap.add_argument("--where", default=None)
     ap.add_argument("--timer", choices=["plain", "graph"], default="plain")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of timing: torch.profiler of the fused and the gdpa + eager norms steps "
+                         "of each row (host time per step, GPU kernels), printed, nothing written")
+    ap.add_argument("--cprofile", action="store_true", help="with --profile: also cProfile the fused step's Python")
     args = ap.parse_args()
     try:
         table = load_workload(args.workload, args.where, kind="attention")
@@ -145,6 +159,16 @@ def main() -> int:
         return 2
     warnings.simplefilter("ignore", registry.ConfigFallbackWarning)
     device = torch.device("cuda")
+    if args.profile:
+        from profile_training_step import profile, python_profile  # the training bench's profilers
+
+        for row in problems(table, kind="attention"):
+            steps, check = row_steps(row)
+            for name in ("fused", "gdpa+eager_norms"):
+                profile(f"{name} H{row.H} q<={row.max_seq_len_q} ({check['check']})", steps[name])
+            if args.cprofile:
+                python_profile(f"fused H{row.H} q<={row.max_seq_len_q}", steps["fused"])
+        return 0
     ceilings = measure_ceilings(device)
     rows = []
     for row in problems(table, kind="attention"):

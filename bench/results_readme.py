@@ -72,6 +72,19 @@ HEADLINES = [
         "`gdpa` between eager norms ({rows} rows: batch 768, H 2-8, D 128, max Q 256-3000, KV 128)",
         {"compiled": "speedup_vs_compiled", "gdpa": "speedup_vs_gdpa+eager_norms"}),
     Headline(
+        "FlashNormAttention forward + backward (`flash_norm_attention`, `FlashNormAttention`), eager loop",
+        ("attention_training_step_flash_norm_attention",),
+        "{compiled}x the speed of the unfused block under torch.compile, {gdpa}x that of this package's `gdpa` "
+        "(with its backward) between eager norms (below 1: slower; plain do_bench, host overhead included; "
+        "{rows} rows, as above)",
+        {"compiled": "speedup_vs_compiled", "gdpa": "speedup_vs_gdpa+eager_norms"}),
+    Headline(
+        "FlashNormAttention forward + backward, CUDA-graph replay (GPU time alone)",
+        ("attention_training_step_flash_norm_attention_graph",),
+        "{compiled}x the speed of the unfused block under torch.compile, {gdpa}x that of `gdpa` between eager "
+        "norms ({rows} rows)",
+        {"compiled": "speedup_vs_compiled", "gdpa": "speedup_vs_gdpa+eager_norms"}),
+    Headline(
         "Training step, forward + backward (`RMSNormLinear`, `LinearLayerNorm`, `LinearRMSNorm`), eager loop",
         ("training_step_training",),
         "{speedup}x the speed of torch.compile of the PyTorch pair (below 1: slower; the best of the module "

@@ -1,0 +1,110 @@
+"""New token counts M: what a call at an M the kernel was not compiled for costs, static vs dynamic M.
+
+Why: every GEMM-shaped kernel is compiled with ``static_shapes=True``, so a training batch with
+a new token count M compiles a kernel inside the step. This variant compiles the same kernel
+functions (``matmul`` and ``rmsnorm_matmul``) with ``static_shapes=False`` and measures, at
+each M of a list (the registry's config tuned at M = 65536 throughout):
+
+* ``first_call_s``: wall time of the first call at that M (bind, compile if needed, run, sync),
+  static and dynamic, the M's visited in order (the dynamic kernel compiles at the first only);
+* ``ms``: CUDA-graph median of the compiled call, static and dynamic, and cuBLAS's ``torch.mm``;
+* for ``matmul``, every hand-picked GEMM seed timed on the dynamic kernel at each M (compiled once
+  for all M), so ``tuned_vs_best_seed`` bounds what the M = 65536 config loses at another M.
+
+    python bench/variants/dynamic_m.py [--kn 1024,1024] [--ms 8192 30000 65536 65537 131072 262144]
+
+Writes ``bench/results/<gpu>/variants/dynamic_m_K<K>_N<N>.{csv,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import helion
+import pandas as pd
+import torch
+
+from helion_kernels import registry
+from helion_kernels.kernels import matmul as mm
+from helion_kernels.kernels import rmsnorm_matmul as rm
+from helion_kernels.timing import time_ms
+from helion_kernels.tuning import versions
+
+TUNED_M = 65536
+
+
+def _first_call(kernel, args, config) -> tuple[float, object]:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    compiled = kernel.bind(args).compile_config(config)
+    compiled(*args)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, compiled
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kn", default="1024,1024", help="K,N of the GEMM (a tuned M = 65536 entry must exist)")
+    p.add_argument("--ms", nargs="+", type=int, default=[8192, 30000, 65536, 65537, 131072, 262144])
+    p.add_argument("--out", type=Path, default=None, help="folder (default: bench/results/<gpu>/variants/)")
+    args = p.parse_args()
+    k, n = (int(x) for x in args.kn.split(","))
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    gpu = registry.gpu_key(device)
+    rows = []
+    for spec, extra in ((mm.SPEC, ()), (rm.SPEC, (rm.EPS,))):
+        entry = registry.entries_for(spec.name, gpu).get((TUNED_M, k, n, "bfloat16"))
+        if entry is None:
+            print(f"{spec.name}: no entry at {TUNED_M}x{k}x{n} on {gpu}; skipped", flush=True)
+            continue
+        tuned = helion.Config(**entry.config)
+        static = spec.kernel  # static_shapes=True, as shipped
+        dynamic = helion.kernel(spec.kernel.fn, static_shapes=False)
+        seeds = spec.seed_configs if spec is mm.SPEC else ()
+        for m in args.ms:
+            a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+            b = torch.randn(k, n, device=device, dtype=torch.bfloat16) / k ** 0.5
+            call = (a, b, *extra)
+            row = {"kernel": spec.name, "M": m, "K": k, "N": n, "cublas_mm_ms": time_ms(lambda: torch.mm(a, b))}
+            for name, kernel in (("static", static), ("dynamic", dynamic)):
+                row[f"{name}_first_call_s"], compiled = _first_call(kernel, call, tuned)
+                row[f"{name}_ms"] = time_ms(lambda: compiled(*call))
+            seed_ms = []
+            for cfg in seeds:
+                try:
+                    compiled = dynamic.bind(call).compile_config(cfg)
+                    seed_ms.append(time_ms(lambda: compiled(*call)))
+                except Exception as err:  # a seed that does not compile at this shape
+                    print(f"  seed {cfg} failed: {type(err).__name__}", flush=True)
+            if seed_ms:
+                row["best_seed_dynamic_ms"] = min(seed_ms)
+                row["tuned_vs_best_seed"] = row["dynamic_ms"] / min(seed_ms)
+            row["dynamic_vs_static"] = row["dynamic_ms"] / row["static_ms"]
+            row["static_vs_cublas"] = row["static_ms"] / row["cublas_mm_ms"]
+            rows.append(row)
+            print({key: round(v, 4) if isinstance(v, float) else v for key, v in row.items()}, flush=True)
+            del a, b, call
+    df = pd.DataFrame(rows)
+    folder = args.out or Path(__file__).resolve().parent.parent / "results" / gpu / "variants"
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = folder / f"dynamic_m_K{k}_N{n}"
+    df.to_csv(f"{stem}.csv", index=False, float_format="%.5g")
+    head = [f"# New M: static vs dynamic-M kernels on {torch.cuda.get_device_name(device)}", "",
+            f"- command: `python bench/variants/{Path(__file__).name} --kn {args.kn} --ms {' '.join(map(str, args.ms))}`",
+            f"- bf16; every kernel runs the registry config tuned at M = {TUNED_M} (seeds: the GEMM seeds)",
+            f"- versions: {', '.join(f'{key} {v}' for key, v in versions().items())}",
+            "- first_call_s: wall seconds of the first call at that M, in the order of the table "
+            "(the dynamic kernel compiles at its first M only); ms: CUDA-graph replay, median", ""]
+    Path(f"{stem}.md").write_text("\n".join(head) + "\n" + df.to_markdown(index=False, floatfmt=".4g") + "\n")
+    print(f"wrote {stem}.csv/.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
