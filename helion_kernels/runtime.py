@@ -3,7 +3,9 @@ registry (exact / nearest / default), cache the compiled kernel, launch.
 
 The bound, compiled kernel is cached per specialization (shapes, strides, dtypes, device),
 so the registry is read once per shape per process: configs tuned by another process are
-seen after :func:`clear_cache` or a restart. In Helion's reference mode
+seen after :func:`clear_cache` or a restart. A spec with ``dynamic_m`` runs a shape that is
+not tuned exactly on its kernel's dynamic-shape build (:func:`dynamic_build`), compiled once
+per config, so a new M costs a registry lookup rather than a compile. In Helion's reference mode
 (``HELION_INTERPRET=1``) configs do not apply and the kernel runs eagerly.
 
 Kernel modules are imported by their first launch (through :class:`LazyModule`), not with
@@ -68,6 +70,10 @@ _BOUND: dict[tuple, tuple[Any, Resolved]] = {}
 _KERNEL_BOUND: dict[tuple, Any] = {}
 # (spec name, key, dtype, gpu) -> whether the registry chose the fused kernel
 _FUSED_CHOICE: dict[tuple, bool] = {}
+# spec name -> the kernel's dynamic-shape build (KernelSpec.dynamic_m)
+_DYNAMIC_BUILDS: dict[str, Any] = {}
+# fallback warnings already given for a dynamic_m spec: (kind, spec name, key without M, dtype, gpu)
+_WARNED: set[tuple] = set()
 
 
 def _helion_config(config: dict):
@@ -91,11 +97,38 @@ def resolve_entry(spec: KernelSpec, found: registry.Lookup, args: tuple):
     return config
 
 
+def _first_warning(what: str, spec: KernelSpec, key: tuple, dtype: torch.dtype, gpu: str) -> bool:
+    """Whether a fallback warning of ``what`` kind for this call is the first of its kind:
+    once per shape, or, for a ``dynamic_m`` spec, once per shape apart from M (a training
+    run with a new token count every step would otherwise warn every step)."""
+    if not spec.dynamic_m:
+        return True
+    seen = (what, spec.name, tuple(key)[1:], dtype, gpu)
+    if seen in _WARNED:
+        return False
+    _WARNED.add(seen)
+    return True
+
+
 def resolve(spec: KernelSpec, args: tuple, warn: bool = True) -> Resolved:
     """The registry config (and its source) of ``spec`` for a call with ``args``."""
-    found = registry.lookup(spec.name, spec.key_of(args), args[0].dtype, registry.gpu_key(args[0].device),
-                            warn=warn)
+    key, gpu = spec.key_of(args), registry.gpu_key(args[0].device)
+    found = registry.lookup(spec.name, key, args[0].dtype, gpu, warn=False)
+    if warn and found.source != "exact" and _first_warning("config", spec, key, args[0].dtype, gpu):
+        registry.lookup(spec.name, key, args[0].dtype, gpu, warn=True)  # the same answer, warned
     return Resolved(resolve_entry(spec, found, args), found.source, found.entry)
+
+
+def dynamic_build(spec: KernelSpec):
+    """``spec.kernel``'s function compiled with dynamic shapes (``static_shapes=False``):
+    Helion binds one kernel for every size >= 2 of each dimension (sizes 0 and 1, and the
+    layouts its code assumed, get their own), so a config compiles once for every M."""
+    kernel = _DYNAMIC_BUILDS.get(spec.name)
+    if kernel is None:
+        import helion  # already imported by the kernel module that is being launched
+
+        kernel = _DYNAMIC_BUILDS[spec.name] = helion.kernel(spec.kernel.fn, static_shapes=False)
+    return kernel
 
 
 def _bound(spec: KernelSpec, args: tuple) -> tuple[Any, Resolved]:
@@ -103,9 +136,13 @@ def _bound(spec: KernelSpec, args: tuple) -> tuple[Any, Resolved]:
     hit = _BOUND.get(key)
     if hit is None:
         resolved = resolve(spec, args)
-        bound = spec.kernel.bind(args)
-        bound.set_config(resolved.config)
-        hit = _BOUND[key] = (bound, resolved)
+        if spec.dynamic_m and resolved.source != "exact":
+            # Compiled once per config (Helion caches it on the bound kernel), not per M.
+            run = dynamic_build(spec).bind(args).compile_config(resolved.config)
+        else:
+            run = spec.kernel.bind(args)
+            run.set_config(resolved.config)
+        hit = _BOUND[key] = (run, resolved)
     return hit
 
 
@@ -178,7 +215,8 @@ def fused_choice(spec: KernelSpec, args: tuple) -> bool:
         found = registry.lookup(spec.name, key, dtype, gpu, warn=False)
         entry = found.entry
         choice = entry is not None and entry.meta.get("dispatch", {}).get("choice") == "fused"
-        if entry is not None and not choice and found.source != "exact":
+        if (entry is not None and not choice and found.source != "exact"
+                and _first_warning("dispatch", spec, key, a.dtype, gpu)):
             warnings.warn(
                 f"{spec.name}: no dispatch decision tuned for {key} {dtype} on {gpu}; "
                 f"following the one tuned for {entry.shape} {entry.dtype} (unfused). Tune this "
@@ -193,6 +231,8 @@ def clear_cache() -> None:
     _BOUND.clear()
     _KERNEL_BOUND.clear()
     _FUSED_CHOICE.clear()
+    _DYNAMIC_BUILDS.clear()
+    _WARNED.clear()
 
 
 def check_runnable(op: str, device: torch.device) -> None:

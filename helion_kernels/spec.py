@@ -146,6 +146,11 @@ class KernelSpec:
             tuned kernel (e.g. an optional output's store slot in ``indexing``).
         compare_outputs: ``outputs -> outputs`` applied to the kernel's outputs before they
             are compared with the reference's (e.g. tile partials summed to a row total).
+        dynamic_m: a call at a shape not tuned exactly runs a build of the kernel with dynamic
+            shapes (``static_shapes=False``), compiled once per config rather than once per M,
+            so a new token count costs no compile in the step
+            (``bench/variants/dynamic_m.py`` measured that build 0-4% slower than the static
+            one at the same config). Exactly tuned shapes keep the static build.
     """
 
     name: str
@@ -171,6 +176,7 @@ class KernelSpec:
     fit_config: Callable[["helion.Config", tuple], "helion.Config"] | None = None
     compare_outputs: Callable[[tuple], tuple] | None = None
     call_config: Callable[["helion.Config", tuple], "helion.Config"] | None = None
+    dynamic_m: bool = False
 
 
 def random_gemm_operands(

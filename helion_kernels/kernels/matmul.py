@@ -91,4 +91,5 @@ SPEC = KernelSpec(
     baselines=_baselines,
     unfused_baselines=("cublas_mm",),
     technique="plain GEMM (the baseline the fused kernels are measured against)",
+    dynamic_m=True,
 )

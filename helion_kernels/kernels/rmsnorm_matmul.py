@@ -145,4 +145,5 @@ SPEC = KernelSpec(
     gemm_twin="matmul",
     dispatch_baseline="cublas+inductor_norm",
     technique="deferred pre-norm (technique 2, PyTorch blog 'Towards Free Normalization', 2026)",
+    dynamic_m=True,
 )
