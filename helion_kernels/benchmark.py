@@ -204,6 +204,16 @@ def write_results(df: pd.DataFrame, meta: dict, out_dir: Path, stem: str, plot_f
     return paths
 
 
+def write_table(df: pd.DataFrame, stem: Path, title: str, provenance: list[str]) -> None:
+    """``<stem>.csv`` and ``<stem>.md`` (``# title``, the ``provenance`` lines as bullets with
+    the package versions added, the table): the record of a diagnostic or variant run."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(f"{stem}.csv", index=False, float_format="%.5g")
+    lines = [f"# {title}", "", *(f"- {line}" for line in provenance),
+             f"- versions: {', '.join(f'{k} {v}' for k, v in versions().items())}", ""]
+    Path(f"{stem}.md").write_text("\n".join(lines) + "\n" + df.to_markdown(index=False, floatfmt=".4g") + "\n")
+
+
 def row_labels(df: pd.DataFrame) -> list[str]:
     """One label per result row: ``MxKxN``, or ``H<h> q<=<max_seq_len_q>`` for attention."""
     if {"M", "K", "N"} <= set(df.columns):

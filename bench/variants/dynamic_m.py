@@ -28,10 +28,10 @@ import pandas as pd
 import torch
 
 from helion_kernels import registry
+from helion_kernels.benchmark import write_table
 from helion_kernels.kernels import matmul as mm
 from helion_kernels.kernels import rmsnorm_matmul as rm
 from helion_kernels.timing import time_ms
-from helion_kernels.tuning import versions
 
 TUNED_M = 65536
 
@@ -92,16 +92,12 @@ def main() -> int:
             del a, b, call
     df = pd.DataFrame(rows)
     folder = args.out or Path(__file__).resolve().parent.parent / "results" / gpu / "variants"
-    folder.mkdir(parents=True, exist_ok=True)
     stem = folder / f"dynamic_m_K{k}_N{n}"
-    df.to_csv(f"{stem}.csv", index=False, float_format="%.5g")
-    head = [f"# New M: static vs dynamic-M kernels on {torch.cuda.get_device_name(device)}", "",
-            f"- command: `python bench/variants/{Path(__file__).name} --kn {args.kn} --ms {' '.join(map(str, args.ms))}`",
-            f"- bf16; every kernel runs the registry config tuned at M = {TUNED_M} (seeds: the GEMM seeds)",
-            f"- versions: {', '.join(f'{key} {v}' for key, v in versions().items())}",
-            "- first_call_s: wall seconds of the first call at that M, in the order of the table "
-            "(the dynamic kernel compiles at its first M only); ms: CUDA-graph replay, median", ""]
-    Path(f"{stem}.md").write_text("\n".join(head) + "\n" + df.to_markdown(index=False, floatfmt=".4g") + "\n")
+    write_table(df, stem, f"New M: static vs dynamic-M kernels on {torch.cuda.get_device_name(device)}", [
+        f"command: `python bench/variants/{Path(__file__).name} --kn {args.kn} --ms {' '.join(map(str, args.ms))}`",
+        f"bf16; every kernel runs the registry config tuned at M = {TUNED_M} (seeds: the GEMM seeds)",
+        "first_call_s: wall seconds of the first call at that M, in the order of the table "
+        "(the dynamic kernel compiles at its first M only); ms: CUDA-graph replay, median"])
     print(f"wrote {stem}.csv/.md")
     return 0
 

@@ -23,13 +23,13 @@ import torch
 
 import flash_norm_attention_all_heads as all_heads  # beside this script
 from helion_kernels import registry
+from helion_kernels.benchmark import write_table
 from helion_kernels.kernels import flash_norm_attention as fna
 from helion_kernels.kernels import gdpa as gd
 from helion_kernels.kernels.flash_norm_attention import kernel_reference as reference
 from helion_kernels.kernels.flash_norm_attention import make_args
 from helion_kernels.spec import AttentionRow
 from helion_kernels.timing import time_ms
-from helion_kernels.tuning import versions
 from helion_kernels.verify import check_outputs
 
 GDPA_CONFIGS = [helion.Config(block_sizes=[bq, bk], num_warps=w, num_stages=s)
@@ -86,17 +86,12 @@ def main() -> int:
         rows.append(out)
         print(out, flush=True)
     df = pd.DataFrame(rows)
-    gpu = registry.gpu_key(device)
-    folder = args.out or Path(__file__).resolve().parent.parent / "results" / gpu / "variants"
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = args.out or Path(__file__).resolve().parent.parent / "results" / registry.gpu_key(device) / "variants"
     stem = folder / f"flash_norm_attention_configs_H{row.H}_q{row.max_seq_len_q}"
-    df.to_csv(f"{stem}.csv", index=False, float_format="%.5g")
-    head = [f"# FlashNormAttention config sweep on {torch.cuda.get_device_name(device)}", "",
-            f"- command: `python bench/variants/{Path(__file__).name} --heads {row.H} --max-seq-len-q {row.max_seq_len_q}`",
-            f"- row: {row}, bf16, fast_gelu, affine norms; total_q = {q.shape[0]}",
-            f"- versions: {', '.join(f'{k} {v}' for k, v in versions().items())}",
-            "- timing: CUDA-graph replay, median of 10 replays (one input set: it is larger than L2)", ""]
-    Path(f"{stem}.md").write_text("\n".join(head) + "\n" + df.to_markdown(index=False) + "\n")
+    write_table(df, stem, f"FlashNormAttention config sweep on {torch.cuda.get_device_name(device)}", [
+        f"command: `python bench/variants/{Path(__file__).name} --heads {row.H} --max-seq-len-q {row.max_seq_len_q}`",
+        f"row: {row}, bf16, fast_gelu, affine norms; total_q = {q.shape[0]}",
+        "timing: CUDA-graph replay, median of 10 replays (one input set: it is larger than L2)"])
     print(f"wrote {stem}.csv/.md")
     return 0
 

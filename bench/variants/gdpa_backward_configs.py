@@ -23,12 +23,12 @@ import pandas as pd
 import torch
 
 from helion_kernels import registry
+from helion_kernels.benchmark import write_table
 from helion_kernels.kernels import gdpa_backward as gb
 from helion_kernels.kernels.gdpa import random_jagged_inputs
 from helion_kernels.kernels.limits import ACTIVATIONS
 from helion_kernels.spec import AttentionRow
 from helion_kernels.timing import time_ms
-from helion_kernels.tuning import versions
 from helion_kernels.verify import check_outputs
 
 ACTIVATION = "fast_gelu"
@@ -99,23 +99,22 @@ def main() -> int:
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    df = pd.DataFrame([r for row in rows for r in sweep_row(row, device)])
-    first = df.groupby(["H", "max_seq_len_q", "kernel"])["ms"].transform("first")  # the pinned config
-    df["vs_pinned"] = df["ms"] / first
     folder = args.out or Path(__file__).resolve().parent.parent / "results" / registry.gpu_key(device) / "variants"
-    folder.mkdir(parents=True, exist_ok=True)
     stem = folder / ("gdpa_backward_configs" + (f"_{args.tag}" if args.tag else ""))
-    df.to_csv(f"{stem}.csv", index=False, float_format="%.5g")
-    head = [f"# GDPA backward config sweep on {torch.cuda.get_device_name(device)}", "",
-            f"- command: `python bench/variants/{Path(__file__).name} --rows {' '.join(args.rows)}"
-            + (f" --configs {' '.join(args.configs)}" if args.configs else "")
-            + (f" --tag {args.tag}" if args.tag else "") + "`",
-            f"- rows: batch 768, D 128, KV 128, fill 0.5, bf16, {ACTIVATION}",
-            f"- versions: {', '.join(f'{k} {v}' for k, v in versions().items())}",
-            "- timing: CUDA-graph replay, median of 10 replays (one input set: larger than L2)",
-            "- check: every gradient against the fp32 per-sequence autograd reference, 5e-2",
-            "- `vs_pinned`: time / the first config's (the one pinned when this ran)", ""]
-    Path(f"{stem}.md").write_text("\n".join(head) + "\n" + df.to_markdown(index=False, floatfmt=".4g") + "\n")
+    command = (f"python bench/variants/{Path(__file__).name} --rows {' '.join(args.rows)}"
+               + (f" --configs {' '.join(args.configs)}" if args.configs else "")
+               + (f" --tag {args.tag}" if args.tag else ""))
+    results: list[dict] = []
+    for row in rows:  # the files are rewritten after each row, so a run cut short keeps its rows
+        results += sweep_row(row, device)
+        df = pd.DataFrame(results)
+        first = df.groupby(["H", "max_seq_len_q", "kernel"])["ms"].transform("first")  # the baseline config
+        df["vs_pinned"] = df["ms"] / first
+        write_table(df, stem, f"GDPA backward config sweep on {torch.cuda.get_device_name(device)}", [
+            f"command: `{command}`", f"rows: batch 768, D 128, KV 128, fill 0.5, bf16, {ACTIVATION}",
+            "timing: CUDA-graph replay, median of 10 replays (one input set: larger than L2)",
+            "check: every gradient against the fp32 per-sequence autograd reference, 5e-2",
+            "`vs_pinned`: time / the first config's of the same row and kernel (the pinned one, in the default list)"])
     print(f"wrote {stem}.csv/.md")
     print(df.sort_values(["H", "max_seq_len_q", "kernel", "ms"]).to_string(index=False))
     return 0
