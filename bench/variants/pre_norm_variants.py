@@ -10,9 +10,17 @@ random inputs (``DRAWS`` reference checks plus ``REPEATS`` bit-identical reruns 
   k-loop and scales the accumulator in the epilogue (no load feeds both an MMA and a
   reduction, and no N tile recomputes the sum);
 * ``prepass``: a row-statistics kernel writes rstd [M], then a GEMM scales its epilogue by it;
+* ``in_loop_one_load``: the sum of squares in the GEMM's k-loop from the very tile the MMA
+  reads (one load feeding both; the raced ``in_loop`` loaded the tile a second time), so the
+  reduction can overlap the MMA; every N tile recomputes its rows' sum;
+* ``scale_only``: the consumer of a block whose producer (a GEMM or residual-add epilogue, as
+  in ``matmul_rmsnorm_matmul``) already wrote the rows' statistics: the GEMM scales its
+  epilogue by a given rstd, nothing else (``scale_only - matmul`` is what the norm then costs);
 * ``matmul``: the plain Helion GEMM (control and floor for the fused variants).
 
-Usage (CUDA machine): ``python bench/variants/pre_norm_variants.py OUT.csv``.
+Usage (CUDA machine):
+``python bench/variants/pre_norm_variants.py OUT.csv [--variants in_loop_one_load scale_only matmul]
+[--tilings ptr_128x256x64_w8_s4 ...]``.
 """
 
 from __future__ import annotations
@@ -51,6 +59,27 @@ def in_loop_kernel(a: torch.Tensor, b: torch.Tensor, eps: float) -> tuple[torch.
         for tile_k in hl.tile(k):
             acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
             a32 = hl.load(a, [tile_m, tile_k], eviction_policy="evict_last").to(torch.float32)
+            sum_sq = sum_sq + torch.sum(a32 * a32, dim=1)
+        row_rstd = torch.rsqrt(sum_sq / k + eps)
+        c[tile_m, tile_n] = (acc * row_rstd[:, None]).to(c.dtype)
+        if tile_n.begin == 0:
+            rstd[tile_m] = row_rstd
+    return c, rstd
+
+
+@helion.kernel(static_shapes=True)
+def in_loop_one_load_kernel(a: torch.Tensor, b: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    m, k = a.size()
+    _, n = b.size()
+    c = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    rstd = torch.empty([m], dtype=torch.float32, device=a.device)
+    for tile_m, tile_n in hl.tile([m, n]):
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        sum_sq = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_k in hl.tile(k):
+            a_tile = a[tile_m, tile_k]
+            acc = torch.addmm(acc, a_tile, b[tile_k, tile_n])
+            a32 = a_tile.to(torch.float32)
             sum_sq = sum_sq + torch.sum(a32 * a32, dim=1)
         row_rstd = torch.rsqrt(sum_sq / k + eps)
         c[tile_m, tile_n] = (acc * row_rstd[:, None]).to(c.dtype)
@@ -129,20 +158,41 @@ def _variants(shape: Shape):
                 return mm(a, b, r), r
             return run
 
+        def in_loop_one_load(args, g=g):
+            bound = in_loop_one_load_kernel.bind(args)
+            bound.set_config(helion.Config(**g))
+            return lambda: bound(*args)
+
+        def scale_only(args, g=g):
+            a, b, eps = args
+            rstd = rstd_reference(a, eps)  # written by the producer's epilogue, outside the timing
+            mm = matmul_row_scale_kernel.bind((a, b, rstd))
+            mm.set_config(helion.Config(**g))
+            return lambda: (mm(a, b, rstd), rstd)
+
         def matmul(args, g=g):
             bound = matmul_kernel.bind(args[:2])
             bound.set_config(helion.Config(**g))
             return lambda: bound(*args[:2])
 
         out += [("in_loop", name, in_loop), ("row_block", name, row_block),
-                ("prepass", name, prepass), ("matmul", name, matmul)]
+                ("prepass", name, prepass), ("in_loop_one_load", name, in_loop_one_load),
+                ("scale_only", name, scale_only), ("matmul", name, matmul)]
     return out
 
 
-def main(out_csv: str, shapes=(Shape(65536, 256, 256), Shape(65536, 1024, 1024))) -> pd.DataFrame:
+def rstd_reference(a: torch.Tensor, eps: float) -> torch.Tensor:
+    """The rows' fp32 rstd of ``rmsnorm(a)``."""
+    return torch.rsqrt(a.float().pow(2).mean(dim=1) + eps)
+
+
+def main(out_csv: str, shapes=(Shape(65536, 256, 256), Shape(65536, 1024, 1024)), variants=None,
+         tilings=None) -> pd.DataFrame:
     rows = []
     for shape in shapes:
         for variant, tiling, build in _variants(shape):
+            if (variants and variant not in variants) or (tilings and tiling not in tilings):
+                continue
             t0 = time.time()
             failed, nondet, note, ms = 0, 0, "", float("nan")
             ref_fn = matmul_reference if variant == "matmul" else rmsnorm_matmul_reference
@@ -174,4 +224,14 @@ def main(out_csv: str, shapes=(Shape(65536, 256, 256), Shape(65536, 1024, 1024))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out_csv")
+    ap.add_argument("--variants", nargs="+", default=None,
+                    choices=["in_loop", "row_block", "prepass", "in_loop_one_load", "scale_only", "matmul"])
+    ap.add_argument("--tilings", nargs="+", default=None, choices=list(TILINGS))
+    cli = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("needs a CUDA GPU")
+    main(cli.out_csv, variants=cli.variants, tilings=cli.tilings)

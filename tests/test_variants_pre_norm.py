@@ -1,0 +1,57 @@
+"""Pre-norm formulations measured, not shipped (``bench/variants/pre_norm_variants.py``): the
+in-loop sum of squares from the MMA's own tile, and the epilogue-only scaling of a GEMM whose
+producer already wrote the rows' rstd. Reference mode checks the math; the Triton interpreter
+runs several N and k tiles per row, a partial last tile and M not a multiple of tile_m (a sum
+of squares that missed a k tile, or a second N tile that rescaled wrongly, fails there)."""
+
+from __future__ import annotations
+
+import helion
+import pytest
+import torch
+
+import pre_norm_variants as variants  # bench/variants
+from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_reference
+from helion_kernels.spec import Shape, random_gemm_operands
+from helion_kernels.verify import check_outputs
+
+pytestmark = pytest.mark.usefixtures("poisoned_empty")
+
+SHAPES = [Shape(1, 64, 32), Shape(33, 100, 72), Shape(40, 48, 40)]
+EPS = 1e-5
+CONFIG = helion.Config(block_sizes=[16, 16, 16], num_warps=4, num_stages=1, indexing="pointer")
+
+
+def _args(shape: Shape, dtype, device):
+    a, b = random_gemm_operands(shape, dtype, device, shape.M + shape.N)
+    return a, b, EPS
+
+
+def _run(kernel, args, config):
+    if config is None:
+        return kernel(*args)
+    bound = kernel.bind(args)
+    bound.set_config(config)
+    return bound(*args)
+
+
+def _check_both(shape, dtype, device, config):
+    a, b, eps = _args(shape, dtype, device)
+    ref = rmsnorm_matmul_reference(a.double(), b.double(), eps)
+    check_outputs(_run(variants.in_loop_one_load_kernel, (a, b, eps), config), ref, dtype)
+    rstd = variants.rstd_reference(a, eps)
+    check_outputs(_run(variants.matmul_row_scale_kernel, (a, b, rstd), config), ref[0], dtype)
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_reference_mode(shape, dtype, device):
+    _check_both(shape, dtype, device, None)
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_under_the_interpreter(shape):
+    # fp32: the interpreter mishandles bf16 tl.dot.
+    _check_both(shape, torch.float32, "cpu", CONFIG)
