@@ -23,6 +23,7 @@ import importlib.metadata
 import json
 import math
 import shlex
+import statistics
 import sys
 from pathlib import Path
 
@@ -51,9 +52,29 @@ SAVED_NOTE = ("`saved_vs_*_pct`: latency saved as % of the inductor norm's laten
 SPEEDUP_NOTE = "`speedup_vs_*`: latency of the alternative / latency of the fused kernel"
 
 
+def _time_columns(columns: dict[str, list], repeats: int) -> dict[str, list[float]]:
+    """Each column's CUDA-graph median (:func:`time_ms`) ``repeats`` times, the columns taken
+    in turn within each repeat so that drift of the GPU's clocks falls on all of them alike."""
+    times: dict[str, list[float]] = {name: [] for name in columns}
+    for _ in range(repeats):
+        for name, fns in columns.items():
+            times[name].append(time_ms(fns))
+    return times
+
+
+def _ratio(times: dict[str, list[float]], num: str, den: str) -> list[float]:
+    """Per repeat, ``num``'s time over ``den``'s (the two timed in the same repeat)."""
+    return [a / b for a, b in zip(times[num], times[den])]
+
+
 def bench_problem(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device: torch.device,
-                  ceilings: Ceilings) -> dict:
-    """One result row for ``problem``: times in ms, savings in %, speed-ups, floors in ms."""
+                  ceilings: Ceilings, repeats: int = 1) -> dict:
+    """One result row for ``problem``: times in ms, savings in %, speed-ups, floors in ms.
+
+    With ``repeats`` > 1 every column is timed that many times (each a CUDA-graph median) and
+    the row holds the medians, and the GEMM ratios (``helion_gemm_vs_cublas``: the plain
+    Helion GEMM over cuBLAS; ``fused_vs_helion_gemm``: the fused kernel over the plain Helion
+    GEMM) with their spread over the repeats (max - min of the per-repeat ratio)."""
     torch._dynamo.reset()  # one fresh torch.compile per row, no recompile limit
     n_sets = input_copies(spec.min_bytes(problem, dtype), device)
     arg_sets = [spec.make_args(problem, dtype, device, seed) for seed in range(n_sets)]
@@ -68,10 +89,10 @@ def bench_problem(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device
         row["rel_error"] = float("inf")
         row["check"] = f"FAILED: {err}"
 
-    times = {spec.name: time_ms([functools.partial(runtime.launch, spec, a) for a in arg_sets])}
+    columns = {spec.name: [functools.partial(runtime.launch, spec, a) for a in arg_sets]}
     if spec.gemm_twin is not None:
         twin = get_spec(spec.gemm_twin)
-        times[f"helion_{twin.name}"] = time_ms([functools.partial(runtime.launch, twin, a[:2]) for a in arg_sets])
+        columns[f"helion_{twin.name}"] = [functools.partial(runtime.launch, twin, a[:2]) for a in arg_sets]
         row[f"helion_{twin.name}_config"] = runtime.resolved_config(twin, arg_sets[0][:2]).source
     baseline_sets = [spec.baselines(*a) for a in arg_sets]
     if spec.checked_baselines:
@@ -84,8 +105,20 @@ def bench_problem(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device
                 row[f"{name}_check"] = f"FAILED: {err}"
         del ref
     for name in baseline_sets[0]:
-        times[name] = time_ms([b[name] for b in baseline_sets])
+        columns[name] = [b[name] for b in baseline_sets]
+    repeated = _time_columns(columns, repeats)
+    times = {name: statistics.median(ts) for name, ts in repeated.items()}
     row.update({f"{k}_ms": v for k, v in times.items()})
+    if repeats > 1:
+        row["repeats"] = repeats
+    twin_column = f"helion_{spec.gemm_twin}" if spec.gemm_twin is not None else None
+    for name, num, den in (("helion_gemm_vs_cublas", twin_column, "cublas_mm"),
+                           ("fused_vs_helion_gemm", spec.name, twin_column)):
+        if num in repeated and den in repeated:
+            ratios = _ratio(repeated, num, den)
+            row[name] = statistics.median(ratios)
+            if repeats > 1:
+                row[f"{name}_spread"] = max(ratios) - min(ratios)
 
     fused = times[spec.name]
     if spec.norm_baseline is not None:
@@ -115,16 +148,19 @@ def bench_problem(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device
     return row
 
 
-def run_benchmark(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype, device: torch.device
-                  ) -> tuple[pd.DataFrame, dict]:
+def run_benchmark(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype, device: torch.device,
+                  repeats: int = 1) -> tuple[pd.DataFrame, dict]:
     """Benchmark every problem with a progress bar; returns the table and its metadata."""
     from rich.progress import track
 
     ceilings = measure_ceilings(device)
-    rows = [bench_problem(spec, p, dtype, device, ceilings)
+    rows = [bench_problem(spec, p, dtype, device, ceilings, repeats)
             for p in track(problems, description=f"bench {spec.name}", transient=True)]
-    return pd.DataFrame(rows), run_meta(device, ceilings, kernel=spec.name,
-                                        relative_to=spec.plot_relative_to, aim=spec.aim)
+    meta = run_meta(device, ceilings, kernel=spec.name, relative_to=spec.plot_relative_to, aim=spec.aim)
+    if repeats > 1:
+        meta["timing"] += (f"; every column timed {repeats} times, the columns in turn within each repeat; "
+                           "the medians reported, and the GEMM ratios' spread (max - min) over the repeats")
+    return pd.DataFrame(rows), meta
 
 
 def workload_script_args(description: str, add_arguments=None) -> tuple[argparse.Namespace, pd.DataFrame]:

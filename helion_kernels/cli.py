@@ -68,9 +68,18 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="time a kernel over a workload against the unfused baselines")
     common(bench, shape=False)
     bench.add_argument("--out", type=Path, default=None, help="results folder (default bench/results/<gpu>/)")
+    bench.add_argument("--repeats", type=_positive_int, default=1, help=(
+        "time every column this many times (each a CUDA-graph median) and report the medians, and "
+        "the GEMM ratios with their spread over the repeats (default 1)"))
 
     sub.add_parser("list", help="kernels, workloads and registry coverage")
     return p
+
+
+def _positive_int(value: str) -> int:
+    if not (value.isdigit() and int(value) > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
+    return int(value)
 
 
 def _gpus_value(value: str) -> str:
@@ -205,7 +214,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return _cpu_bench(args, spec, problems)
     from .benchmark import RESULTS_DIR, run_benchmark, write_results
 
-    df, meta = run_benchmark(spec, problems, DTYPES[args.dtype], torch.device("cuda"))
+    df, meta = run_benchmark(spec, problems, DTYPES[args.dtype], torch.device("cuda"), args.repeats)
     out_dir = args.out or RESULTS_DIR / meta["gpu_key"]
     paths = write_results(df, meta, out_dir, _stem(args, spec.name))
     cols = [c for c in df.columns if c in ("M", "K", "N", "H", "max_seq_len_q", "config", "check")

@@ -99,6 +99,13 @@ def test_gpus_must_be_a_count_or_all(capsys, value):
     assert exc.value.code == 2 and "--gpus: must be a positive integer or 'all'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["0", "x", "-2"])
+def test_repeats_must_be_a_positive_count(capsys, value):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "--kernel", "matmul", "--workload", "gemm", "--repeats", value])
+    assert exc.value.code == 2 and "--repeats: must be a positive integer" in capsys.readouterr().err
+
+
 def test_unknown_kernel_is_an_argparse_error(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["bench", "--kernel", "nope", "--workload", "x"])
