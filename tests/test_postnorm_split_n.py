@@ -165,6 +165,7 @@ CUDA_CASES = [
     (Shape(1, 64, 520), torch.bfloat16, 2),
     (Shape(333, 256, 1000), torch.float32, 3),
     (Shape(1000, 512, 4096), torch.float32, 4),
+    (Shape(777, 1024, 2000), torch.bfloat16, 5),
 ]
 
 

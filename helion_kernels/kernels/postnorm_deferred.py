@@ -160,9 +160,10 @@ def _baselines(a: torch.Tensor, b: torch.Tensor) -> dict:
 
 # Phase-1 tilings of the split-N kernels ([tile_n, tile_m, tile_k]).
 _SEEDS = tuple(
-    helion.Config(block_sizes=[tn, tm, 64], num_warps=w, num_stages=st, indexing=ix)
-    for tn, tm, w, st, ix in ((256, 128, 8, 4, "pointer"), (128, 128, 4, 4, "pointer"),
-                              (128, 128, 8, 3, "tensor_descriptor"), (128, 64, 4, 4, "pointer"))
+    helion.Config(block_sizes=[tn, tm, 64], num_warps=w, num_stages=st, indexing=ix, pid_type=pid)
+    for tn, tm, w, st, ix, pid in ((256, 128, 8, 4, "pointer", "flat"), (128, 128, 4, 4, "pointer", "flat"),
+                                   (128, 128, 8, 3, "tensor_descriptor", "flat"), (128, 64, 4, 4, "pointer", "flat"),
+                                   (256, 128, 8, 3, "tensor_descriptor", "persistent_interleaved"))
 )
 
 # The producer GEMM, tuned and registered under the op's name at (M, K, N); the benchmark of

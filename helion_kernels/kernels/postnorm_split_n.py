@@ -147,10 +147,11 @@ def matmul_rmsnorm_row_sweep_kernel(
 # (the re-read tiles and the A block of a program must stay in L2 next to those of the
 # ~132-264 resident programs).
 _SEEDS = tuple(
-    helion.Config(block_sizes=[tn, tm, 64], num_warps=w, num_stages=st, indexing=ix)
-    for tm, tn, w, st, ix in ((128, 256, 8, 3, "pointer"), (128, 128, 8, 4, "pointer"),
-                              (64, 256, 4, 4, "pointer"), (128, 128, 4, 4, "tensor_descriptor"),
-                              (64, 128, 4, 4, "pointer"))
+    helion.Config(block_sizes=[tn, tm, 64], num_warps=w, num_stages=st, indexing=ix, pid_type=pid)
+    for tm, tn, w, st, ix, pid in ((128, 256, 8, 3, "pointer", "flat"), (128, 128, 8, 4, "pointer", "flat"),
+                                   (64, 256, 4, 4, "pointer", "flat"), (128, 128, 4, 4, "tensor_descriptor", "flat"),
+                                   (64, 128, 4, 4, "pointer", "flat"),
+                                   (128, 256, 8, 3, "tensor_descriptor", "persistent_interleaved"))
 )
 _TECHNIQUE = ("split-N post-norm, one program sweeping a row block's N tiles with L2 as the "
               "exchange (technique 3, PyTorch blog 'Towards Free Normalization', 2026)")

@@ -39,6 +39,7 @@ from .matmul import (
     SEED_POINTER_128x256,
     SEED_TMA_FLAT_128x256,
     SEED_TMA_PERSISTENT_128x128,
+    SEED_TMA_PERSISTENT_128x256,
 )
 
 EPS = 1e-5
@@ -137,8 +138,8 @@ SPEC = KernelSpec(
     min_bytes=gemm_min_bytes,
     default_config=row_block_config(GEMM_DEFAULT_CONFIG, 64),
     seed_configs=tuple(row_block_config(g) for g in (
-        SEED_POINTER_128x256, SEED_TMA_FLAT_128x256, SEED_TMA_PERSISTENT_128x128,
-        SEED_POINTER_128x128, SEED_POINTER_64x128)),
+        SEED_TMA_PERSISTENT_128x256, SEED_POINTER_128x256, SEED_TMA_FLAT_128x256,
+        SEED_TMA_PERSISTENT_128x128, SEED_POINTER_128x128, SEED_POINTER_64x128)),
     baselines=_baselines,
     norm_baseline="inductor_norm",
     unfused_baselines=("cublas+inductor_norm", "cublas+liger_norm"),

@@ -107,8 +107,10 @@ def _min_bytes(shape: Shape, dtype: torch.dtype) -> int:
     return dtype.itemsize * (3 * shape.M * shape.K + shape.K * shape.N + shape.M * shape.N) + 4 * shape.M
 
 
-def _config(tm: int, tk: int, tn: int, warps: int, stages: int, indexing: str = "pointer") -> helion.Config:
-    return helion.Config(block_sizes=[tm, tk, tn, 128], num_warps=warps, num_stages=stages, indexing=indexing)
+def _config(tm: int, tk: int, tn: int, warps: int, stages: int, indexing: str = "pointer",
+            pid_type: str = "flat") -> helion.Config:
+    return helion.Config(block_sizes=[tm, tk, tn, 128], num_warps=warps, num_stages=stages, indexing=indexing,
+                         pid_type=pid_type)
 
 
 SPEC = KernelSpec(
@@ -127,6 +129,7 @@ SPEC = KernelSpec(
         _config(128, 128, 64, 8, 3, "tensor_descriptor"),
         _config(64, 128, 64, 4, 4),
         _config(64, 256, 64, 8, 3),
+        _config(128, 256, 64, 8, 3, "tensor_descriptor", "persistent_interleaved"),
     ),
     baselines=_baselines,
     unfused_baselines=("cublas+inductor_norm_backward",),
