@@ -141,10 +141,11 @@ def plot(df: pd.DataFrame, meta: dict, path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", default="flash_norm_attention")
-    ap.add_argument("--where", default=None)
-    ap.add_argument("--timer", choices=["plain", "graph"], default="plain")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--workload", default="flash_norm_attention", help="attention workload table (default %(default)s)")
+    ap.add_argument("--where", default=None, help="pandas query selecting rows, e.g. 'H == 2'")
+    ap.add_argument("--timer", choices=["plain", "graph"], default="plain",
+                    help="plain do_bench (host time included) or CUDA-graph replay (default %(default)s)")
+    ap.add_argument("--out", type=Path, default=None, help="results folder (default bench/results/<gpu>/)")
     ap.add_argument("--profile", action="store_true",
                     help="instead of timing: torch.profiler of the fused and the gdpa + eager norms steps "
                          "of each row (host time per step, GPU kernels), printed, nothing written")

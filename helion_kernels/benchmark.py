@@ -341,8 +341,11 @@ def cpu_report(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype) ->
     """What can be shown without a GPU: per registry key of ``problems`` and per GPU in the
     registry, the config a call would run with (:func:`~.registry.lookup`), checked to
     generate Triton code for that problem with the installed Helion."""
-    # Code generation is what is checked, also when HELION_INTERPRET=1 is set.
-    kernel = helion.kernel(spec.kernel.fn, static_shapes=spec.kernel.settings.static_shapes, ref_mode=RefMode.OFF)
+    # Code generation is what is checked, also when HELION_INTERPRET=1 is set, with the build
+    # a call would run: the static one, or for a dynamic_m spec at a shape not tuned exactly
+    # the dynamic-shape one (runtime.dynamic_build).
+    kernels = {static: helion.kernel(spec.kernel.fn, static_shapes=static, ref_mode=RefMode.OFF)
+               for static in (spec.kernel.settings.static_shapes, False)}
     name = registry.dtype_name(dtype)
     rows = []
     for gpu in registry.known_gpus() or ["(none)"]:
@@ -355,9 +358,11 @@ def cpu_report(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype) ->
                 "tuned_at": "-" if found.entry is None else str(found.entry.shape),
                 "tuned_ms": found.entry.meta.get("latency_ms", math.nan) if found.source == "exact" else math.nan,
             }
+            static = spec.kernel.settings.static_shapes and not (spec.dynamic_m and found.source != "exact")
+            row["build"] = "static" if static else "dynamic"
             if spec.dispatch_baseline is not None:
                 row["runs"] = _dispatch(spec, key, dtype, found)
-            row["codegen"] = codegen_status(kernel, args, resolved)
+            row["codegen"] = codegen_status(kernels[static], args, resolved)
             rows.append(row)
     return pd.DataFrame(rows)
 

@@ -29,8 +29,9 @@ Columns: gpu = registry folder (GPU name and architecture); the key columns (M, 
 and dtype = the call; config = where its config comes from: exact (tuned at this key on this
 GPU), nearest (tuned at the key in tuned_at, or on another GPU of the same architecture) or
 default (nothing tuned: the kernel's conservative config); tuned_ms = the latency recorded
-when the exact entry was tuned; codegen = ok when Helion generates Triton code for that
-config at this key here (else the reason is listed below the table)."""
+when the exact entry was tuned; build = the kernel build a call compiles (static: for this
+exact shape; dynamic: once per config for every M); codegen = ok when Helion generates Triton
+code for that config at this key here (else the reason is listed below the table)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -211,6 +212,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     problems = _problems(args)
     spec = get_spec(args.kernel)
     if not torch.cuda.is_available():
+        if args.repeats > 1:
+            print("(no GPU: nothing is timed, so --repeats does not apply)")
         return _cpu_bench(args, spec, problems)
     from .benchmark import RESULTS_DIR, run_benchmark, write_results
 

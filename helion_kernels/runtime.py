@@ -220,7 +220,7 @@ def fused_choice(spec: KernelSpec, args: tuple) -> bool:
             warnings.warn(
                 f"{spec.name}: no dispatch decision tuned for {key} {dtype} on {gpu}; "
                 f"following the one tuned for {entry.shape} {entry.dtype} (unfused). Tune this "
-                f"shape with: {registry.tune_command(spec.name, key, dtype)}",
+                f"shape with: {registry.tune_command(spec.name, key, dtype, gpu)}",
                 registry.ConfigFallbackWarning, stacklevel=4)
         _FUSED_CHOICE[cache_key] = choice
     return _FUSED_CHOICE[cache_key]

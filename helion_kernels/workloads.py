@@ -54,7 +54,7 @@ def load_workload(name: str, where: str | None = None, kind: str = "gemm") -> pd
         hint = (f"; {name!r} is an {other} workload (--kernel flash_norm_attention)" if other == "attention"
                 else f"; {name!r} is a {other} workload, for the GEMM-shaped kernels" if other else "")
         raise ValueError(
-            f"unknown workload {name!r} (of kind {kind}); known: {', '.join(list_workloads(kind)) or 'none'}{hint}"
+            f"unknown {kind} workload {name!r}; known: {', '.join(list_workloads(kind)) or 'none'}{hint}"
         )
     df = pd.read_csv(path, comment="#", skipinitialspace=True)
     missing = [c for c in columns if c not in df.columns]

@@ -70,9 +70,10 @@ def _cpu_workarounds(monkeypatch: pytest.MonkeyPatch) -> None:
     * The Triton interpreter does not implement ``libdevice.rsqrt``, ``tanh``, ``erf`` or
       ``exp``: route them to ``tl.math.rsqrt``, ``2 * sigmoid(2x) - 1``, ``tl.math.erf`` and
       ``tl.exp``.
-    * The Triton interpreter cannot use a value loaded from memory as a loop bound (it is a
-      1-element array there, not a scalar), which the jagged kernels do with their offsets:
-      make the interpreter's tensor ``__index__`` accept a 1-element array.
+    * The Triton interpreter cannot use a runtime value as a loop bound (it is a 1-element
+      array there, not a scalar), which the jagged kernels do with their offsets and the
+      dynamic-shape builds (``runtime.dynamic_build``) with their K: make the interpreter's
+      tensor ``__index__`` accept a 1-element array.
     """
     if MODE == "triton_interpret":
         import triton.language as tl

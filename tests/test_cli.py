@@ -82,7 +82,7 @@ def test_autotune_needs_a_gpu(capsys):
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["bench", "--kernel", "matmul", "--workload", "nope"], "unknown workload 'nope'"),
+    (["bench", "--kernel", "matmul", "--workload", "nope"], "unknown gemm workload 'nope'"),
     (["bench", "--kernel", "matmul", "--workload", "prenorm_rmsnorm", "--where", "M >"], "bad --where"),
 ])
 def test_errors_are_one_line(capsys, argv, message, workload_registry):
@@ -134,7 +134,7 @@ def test_attention_autotune_takes_workload_rows_not_shapes(capsys):
     assert main(["autotune", "--kernel", "flash_norm_attention", "--shape", "1,2,3"]) == 2
     assert "not --shape" in capsys.readouterr().err
     assert main(["bench", "--kernel", "flash_norm_attention", "--workload", "prenorm_rmsnorm"]) == 2
-    assert "unknown workload 'prenorm_rmsnorm'" in (err := capsys.readouterr().err)
+    assert "unknown attention workload 'prenorm_rmsnorm'" in (err := capsys.readouterr().err)
     assert "'prenorm_rmsnorm' is a gemm workload, for the GEMM-shaped kernels" in err
     assert main(["bench", "--kernel", "matmul", "--workload", "flash_norm_attention"]) == 2
     assert "'flash_norm_attention' is an attention workload (--kernel flash_norm_attention)" in capsys.readouterr().err

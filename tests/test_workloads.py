@@ -15,7 +15,7 @@ def test_prenorm_table_matches_the_brief():
 
 
 def test_unknown_workload_lists_known():
-    with pytest.raises(ValueError, match="unknown workload 'nope'.*prenorm_rmsnorm"):
+    with pytest.raises(ValueError, match="unknown gemm workload 'nope'.*prenorm_rmsnorm"):
         workloads.load_workload("nope")
 
 

@@ -48,7 +48,8 @@ def _first_call(kernel, args, config) -> tuple[float, object]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kn", default="1024,1024", help="K,N of the GEMM (a tuned M = 65536 entry must exist)")
-    p.add_argument("--ms", nargs="+", type=int, default=[8192, 30000, 65536, 65537, 131072, 262144])
+    p.add_argument("--ms", nargs="+", type=int, default=[8192, 30000, 65536, 65537, 131072, 262144],
+                   help="the M's, in the order their first calls are timed (default %(default)s)")
     p.add_argument("--out", type=Path, default=None, help="folder (default: bench/results/<gpu>/variants/)")
     args = p.parse_args()
     k, n = (int(x) for x in args.kn.split(","))
