@@ -34,7 +34,6 @@ from helion.runtime.ref_mode import RefMode
 
 from . import registry, runtime
 from .kernels import get_spec
-from .kernels.limits import max_full_row_n
 from .ops.dispatch import has_n_limit, use_fused
 from .spec import KernelSpec, Problem
 from .timing import Ceilings, input_copies, measure_ceilings, time_ms
@@ -370,8 +369,8 @@ def cpu_report(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype) ->
 def _dispatch(spec: KernelSpec, shape, dtype: torch.dtype, found: registry.Lookup) -> str:
     """What a GEMM + norm op runs at ``shape`` by the registry (as :func:`~.ops.use_fused`,
     without a device: the H100/H200 shared memory for the full-row N limit)."""
-    limit = max_full_row_n(dtype, "cpu")
-    if has_n_limit(spec) and shape.N > limit:
+    limit = spec.n_limit(dtype, "cpu") if has_n_limit(spec) else None
+    if limit is not None and shape.N > limit:
         return f"unfused (N > {limit})"
     if found.entry is None:
         return "unfused (no entry)"

@@ -226,6 +226,18 @@ def fused_choice(spec: KernelSpec, args: tuple) -> bool:
     return _FUSED_CHOICE[cache_key]
 
 
+def registry_choice(spec: KernelSpec, args: tuple, fused: bool | None = None) -> bool:
+    """Whether a call of the op of ``spec`` (one with a ``dispatch_baseline`` and no N limit)
+    runs the fused kernel: ``fused`` True/False forces; None follows :func:`fused_choice`;
+    reference mode always runs the kernel; M = 0 or N = 0 never does (nothing to multiply)."""
+    a, b = args[0], args[1]
+    if a.shape[0] == 0 or b.shape[1] == 0:
+        return False
+    if fused is not None:
+        return fused
+    return reference_mode(spec.kernel) or fused_choice(spec, args)
+
+
 def clear_cache() -> None:
     """Forget compiled kernels and dispatch decisions so the next call re-reads the registry."""
     _BOUND.clear()

@@ -146,6 +146,8 @@ class KernelSpec:
             tuned kernel (e.g. an optional output's store slot in ``indexing``).
         compare_outputs: ``outputs -> outputs`` applied to the kernel's outputs before they
             are compared with the reference's (e.g. tile partials summed to a row total).
+        n_limit: ``(dtype, device) -> int``, the largest N the kernel takes (the full-row
+            kernels hold a whole row in one tile); past it the op runs unfused. None: any N.
         dynamic_m: a call at a shape not tuned exactly runs a build of the kernel with dynamic
             shapes (``static_shapes=False``), compiled once per config rather than once per M,
             so a new token count costs no compile in the step
@@ -177,6 +179,7 @@ class KernelSpec:
     compare_outputs: Callable[[tuple], tuple] | None = None
     call_config: Callable[["helion.Config", tuple], "helion.Config"] | None = None
     dynamic_m: bool = False
+    n_limit: Callable[[torch.dtype, Any], int] | None = None
 
 
 def random_gemm_operands(

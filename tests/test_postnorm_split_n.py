@@ -205,17 +205,116 @@ def test_public_split_n_functions_run_the_row_sweep(monkeypatch):
 
 @pytest.mark.cuda
 def test_cuda_public_functions_without_registry(registry_dir):
-    """An empty registry: the default config, a warning, and correct outputs."""
+    """An empty registry: unfused by default (nothing measured the kernel faster), and with
+    fused=True the kernel on the default config, with a warning; correct outputs both ways."""
     from helion_kernels import matmul_layernorm_split_n, matmul_rmsnorm_split_n
     from helion_kernels.registry import ConfigFallbackWarning
 
     a, b, w, bias, eps = _inputs(Shape(777, 320, 1536), torch.bfloat16, "cuda", 37, "weight_bias", large_mean=True)
-    with pytest.warns(ConfigFallbackWarning, match="default config"):
-        y = matmul_layernorm_split_n(a, b, w, bias, eps, return_stats=True)
-    check_outputs(y, _ln_reference(a, b, w, bias, eps), torch.bfloat16)
-    with pytest.warns(ConfigFallbackWarning, match="default config"):
-        y = matmul_rmsnorm_split_n(a, b, w, eps, return_rstd=True)
-    check_outputs(y, _rms_reference(a, b, w, eps), torch.bfloat16)
+    for fused in (None, True):
+        with pytest.warns(ConfigFallbackWarning, match="default config") if fused else _no_fallback_warning():
+            y = matmul_layernorm_split_n(a, b, w, bias, eps, return_stats=True, fused=fused)
+        check_outputs(y, _ln_reference(a, b, w, bias, eps), torch.bfloat16)
+        with pytest.warns(ConfigFallbackWarning, match="default config") if fused else _no_fallback_warning():
+            y = matmul_rmsnorm_split_n(a, b, w, eps, return_rstd=True, fused=fused)
+        check_outputs(y, _rms_reference(a, b, w, eps), torch.bfloat16)
+
+
+def _no_fallback_warning():
+    import contextlib
+    import warnings
+
+    from helion_kernels.registry import ConfigFallbackWarning
+
+    @contextlib.contextmanager
+    def strict():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ConfigFallbackWarning)
+            yield
+    return strict()
+
+
+# --- dispatch: the kernel only where tuning measured it faster -----------------------------
+
+SPECS = {"layernorm": row_sweep.SPEC_LAYERNORM, "rmsnorm": row_sweep.SPEC_RMSNORM}
+
+
+def _save_decision(spec, shape: Shape, choice: str) -> None:
+    from helion_kernels import registry
+    from helion_kernels.registry import Entry
+
+    meta = {"latency_ms": 0.01, "dispatch": {"choice": choice, "fused_ms": 0.01, "unfused_ms": 0.02,
+                                             "unfused": spec.dispatch_baseline}}
+    config = helion.Config(block_sizes=[16, 16, 16], num_warps=4, num_stages=1, indexing="pointer")
+    registry.save_entry(spec.name, registry.gpu_key(torch.device("cpu")), Entry(shape, "float32", config, meta))
+
+
+@pytest.fixture
+def decisions(registry_dir, monkeypatch):
+    """Registry decisions apply (as on a GPU); compiled kernels and decisions forgotten."""
+    monkeypatch.setattr(runtime, "reference_mode", lambda kernel: False)
+    runtime.clear_cache()
+    yield
+    runtime.clear_cache()
+
+
+def _kernel_args(norm: str, shape: Shape) -> tuple:
+    a, b, w, bias, eps = _inputs(shape, torch.float32, "cpu", 41, "weight_bias")
+    return (a, b, w, bias, eps) if norm == "layernorm" else (a, b, w, eps)
+
+
+@pytest.mark.parametrize("choice", ["fused", "unfused"])
+@pytest.mark.parametrize("norm", list(SPECS))
+def test_dispatch_follows_the_registry_at_any_n(norm, choice, decisions):
+    from helion_kernels.ops.dispatch import has_n_limit, use_fused
+    from helion_kernels.registry import ConfigFallbackWarning
+
+    spec = SPECS[norm]
+    assert spec.dispatch_baseline == "cublas+inductor_norm" and not has_n_limit(spec)
+    _save_decision(spec, Shape(64, 32, 4096), choice)
+    assert use_fused(spec, _kernel_args(norm, Shape(64, 32, 4096))) is (choice == "fused")
+    with pytest.warns(ConfigFallbackWarning) if choice == "unfused" else _no_fallback_warning():
+        assert use_fused(spec, _kernel_args(norm, Shape(48, 32, 3000))) is (choice == "fused")  # nearest
+    assert use_fused(spec, _kernel_args(norm, Shape(64, 32, 4096)), True)  # forced, past any full-row limit
+    assert not use_fused(spec, _kernel_args(norm, Shape(64, 32, 4096)), False)
+
+
+@pytest.mark.parametrize("norm", list(SPECS))
+def test_no_entry_means_unfused(norm, decisions):
+    from helion_kernels.ops.dispatch import use_fused
+
+    assert not use_fused(SPECS[norm], _kernel_args(norm, Shape(64, 32, 4096)))
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("choice", ["fused", "unfused"])
+def test_the_ops_run_the_recorded_path(choice, decisions, monkeypatch):
+    """End to end in the interpreter: the kernel launches only where the registry chose it,
+    and both paths give the op (values and statistics) within fp32 tolerance."""
+    from helion_kernels import matmul_layernorm_split_n, matmul_rmsnorm_split_n
+
+    seen = []
+    launch = runtime.launch
+    monkeypatch.setattr(runtime, "launch", lambda spec, args: seen.append(spec.name) or launch(spec, args))
+    shape = Shape(33, 48, 40)
+    for spec in SPECS.values():
+        _save_decision(spec, shape, choice)
+    a, b, w, bias, eps = _inputs(shape, torch.float32, "cpu", 43, "weight_bias")
+    check_outputs(matmul_layernorm_split_n(a, b, w, bias, eps, return_stats=True), _ln_reference(a, b, w, bias, eps),
+                  torch.float32)
+    check_outputs(matmul_rmsnorm_split_n(a, b, w, eps, return_rstd=True), _rms_reference(a, b, w, eps), torch.float32)
+    assert seen == (list(s.name for s in SPECS.values()) if choice == "fused" else [])
+
+
+@pytest.mark.ref_mode
+def test_fused_flag_is_checked(device):
+    from helion_kernels import matmul_layernorm_split_n, matmul_rmsnorm_split_n
+
+    a, b, w, bias, eps = _inputs(Shape(4, 8, 16), torch.float32, device, 29, "weight_bias")
+    with pytest.raises(TypeError, match="matmul_layernorm_split_n: fused must be None, True or False"):
+        matmul_layernorm_split_n(a, b, fused="yes")
+    with pytest.raises(TypeError, match="matmul_rmsnorm_split_n: fused must be None, True or False"):
+        matmul_rmsnorm_split_n(a, b, fused=1)
 
 
 # --- the public functions --------------------------------------------------------------

@@ -47,7 +47,7 @@ from ..spec import (
     random_gemm_operands,
     reference_dtype,
 )
-from .limits import MIN_TILE_K, MIN_TILE_M, full_row_shared_memory, shared_memory_per_block
+from .limits import MIN_TILE_K, MIN_TILE_M, full_row_shared_memory, max_full_row_n, shared_memory_per_block
 
 EPS = 1e-5
 
@@ -383,6 +383,7 @@ SPEC_LAYERNORM = KernelSpec(
     norm_baseline="inductor_norm",
     gemm_twin="matmul",
     dispatch_baseline="cublas+inductor_norm",
+    n_limit=max_full_row_n,
     portable_config=portable_config,
     fit_config=fit_shared_memory,
     call_config=functools.partial(with_call_slots, first_optional=5),

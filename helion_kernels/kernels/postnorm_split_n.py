@@ -161,8 +161,8 @@ _DEFAULT = helion.Config(block_sizes=[64, 64, 32], num_warps=4, num_stages=2)
 def _spec(base: KernelSpec, name: str, kernel: helion.Kernel) -> KernelSpec:
     """The full-row spec ``base`` (same arguments, reference and baselines) for ``kernel``."""
     return dataclasses.replace(base, name=name, kernel=kernel, default_config=_DEFAULT,
-                               seed_configs=_SEEDS, technique=_TECHNIQUE, dispatch_baseline=None,
-                               portable_config=None, fit_config=None, call_config=None)
+                               seed_configs=_SEEDS, technique=_TECHNIQUE, portable_config=None,
+                               fit_config=None, call_config=None, n_limit=None)
 
 
 SPEC_LAYERNORM = _spec(_full_row.SPEC_LAYERNORM, "matmul_layernorm_split_n",

@@ -63,6 +63,16 @@ def _rms_norm(x, residual, weight, eps):
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
+def unfused_layer_norm(a: torch.Tensor, b: torch.Tensor, weight, bias, eps: float) -> tuple:
+    """(y, mean, rstd) of ``layer_norm(a @ b)`` the unfused way: cuBLAS, then the compiled norm."""
+    return _unfused_norm(_layer_norm_stats, torch.mm(a, b), weight, bias, eps)
+
+
+def unfused_rms_norm(a: torch.Tensor, b: torch.Tensor, weight, eps: float) -> tuple:
+    """(y, rstd) of ``rms_norm(a @ b)`` the unfused way: cuBLAS, then the compiled norm."""
+    return _unfused_norm(_rms_norm_stats, torch.mm(a, b), weight, eps)
+
+
 def _layer_norm_stats(x, weight, bias, eps):
     """LayerNorm of [M, N] ``x`` (computed in fp32, returned in ``x.dtype``) and its
     (mean, rstd) in fp32."""

@@ -58,12 +58,7 @@ def use_fused(args: tuple, fused: bool | None = None) -> bool:
     fused kernel only where tuning measured it faster than cuBLAS + the compiled norm, at this
     shape or the nearest tuned one; unfused on a GPU with no entry); reference mode always runs
     the kernel; M = 0 or N = 0 never does (nothing to multiply)."""
-    a, b = args[0], args[1]
-    if a.shape[0] == 0 or b.shape[1] == 0:
-        return False
-    if fused is not None:
-        return fused
-    return runtime.reference_mode(_kernels.SPEC.kernel) or runtime.fused_choice(_kernels.SPEC, args)
+    return runtime.registry_choice(_kernels.SPEC, args, fused)
 
 
 def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, eps: float,

@@ -18,7 +18,8 @@ from .. import checks, registry, runtime
 from ..spec import Shape
 from ..grads import deferred_grads
 from ._op import Op
-from .postnorm import backward_layernorm, backward_rmsnorm, contiguous_operands, setup_layernorm, setup_rmsnorm
+from .postnorm import (backward_layernorm, backward_rmsnorm, contiguous_operands, setup_layernorm, setup_rmsnorm,
+                       unfused_layer_norm, unfused_rms_norm)
 from .prenorm import fold_rmsnorm_weight
 
 _row_sweep = runtime.LazyModule("helion_kernels.kernels.postnorm_split_n")
@@ -30,27 +31,34 @@ def _nan_stats(a: torch.Tensor, m: int) -> torch.Tensor:
 
 
 def _layernorm_split_n(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None,
-                       bias: torch.Tensor | None, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       bias: torch.Tensor | None, eps: float,
+                       fused: bool | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     m, n = a.shape[0], b.shape[1]
     if m == 0 or n == 0:
         return a.new_empty(m, n), _nan_stats(a, m), _nan_stats(a, m)
-    return runtime.launch(_row_sweep.SPEC_LAYERNORM, (*contiguous_operands(a, b, weight, bias), eps))
+    args = (*contiguous_operands(a, b, weight, bias), eps)
+    if runtime.registry_choice(_row_sweep.SPEC_LAYERNORM, args, fused):
+        return runtime.launch(_row_sweep.SPEC_LAYERNORM, args)
+    return unfused_layer_norm(a, b, weight, bias, eps)
 
 
-def _layernorm_split_n_fake(a, b, weight, bias, eps):
+def _layernorm_split_n_fake(a, b, weight, bias, eps, fused):
     m = a.shape[0]
     return a.new_empty(m, b.shape[1]), a.new_empty(m, dtype=torch.float32), a.new_empty(m, dtype=torch.float32)
 
 
 def _rmsnorm_split_n(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None,
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                     eps: float, fused: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     m, n = a.shape[0], b.shape[1]
     if m == 0 or n == 0:
         return a.new_empty(m, n), _nan_stats(a, m)
-    return runtime.launch(_row_sweep.SPEC_RMSNORM, (*contiguous_operands(a, b, weight), eps))
+    args = (*contiguous_operands(a, b, weight), eps)
+    if runtime.registry_choice(_row_sweep.SPEC_RMSNORM, args, fused):
+        return runtime.launch(_row_sweep.SPEC_RMSNORM, args)
+    return unfused_rms_norm(a, b, weight, eps)
 
 
-def _rmsnorm_split_n_fake(a, b, weight, eps):
+def _rmsnorm_split_n_fake(a, b, weight, eps, fused):
     return a.new_empty(a.shape[0], b.shape[1]), a.new_empty(a.shape[0], dtype=torch.float32)
 
 
@@ -69,6 +77,7 @@ def matmul_layernorm_split_n(
     eps: float = 1e-5,
     *,
     return_stats: bool = False,
+    fused: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``layer_norm(a @ b, (N,), weight, bias, eps)`` for any N, the row split into N tiles.
 
@@ -78,21 +87,25 @@ def matmul_layernorm_split_n(
     tiles, storing each un-normalised (centred on its own mean) and merging its statistics
     with Chan's formula, then re-reads the tiles from L2 and normalises them. On the H200 it
     is correct but 1.11-1.24x slower than cuBLAS + the best standalone norm on every
-    benchmarked shape (``bench/results/``), so ``matmul_layernorm`` does not dispatch to it;
-    without a registry entry for your GPU it runs a conservative default config (with a
-    warning).
+    benchmarked shape (``bench/results/``), so ``matmul_layernorm`` does not dispatch to it,
+    and this op itself runs the kernel only where tuning measured it faster than cuBLAS + the
+    compiled norm (``fused=None``: the registry's decision at this shape or the nearest tuned
+    one, as for the full-row ops; unfused on a GPU without entries; none of the H200's tuned
+    rows chose it). ``fused=True`` forces the kernel (with a conservative default config and a
+    warning on a GPU without entries), ``fused=False`` cuBLAS + the compiled norm.
 
     Args, returns, gradients and errors: as :func:`~helion_kernels.matmul_layernorm`, without
-    ``fused`` and without an N limit. The un-normalised tile is stored in the input dtype between the
-    two sweeps (centred on its tile mean), so with fp16 inputs a deviation past 65504
-    overflows, as in cuBLAS + a standalone norm; the full-row kernel keeps it in fp32.
+    an N limit. The un-normalised tile is stored in the input dtype between the two sweeps
+    (centred on its tile mean), so with fp16 inputs a deviation past 65504 overflows, as in
+    cuBLAS + a standalone norm; the full-row kernel keeps it in fp32.
     """
     op = "matmul_layernorm_split_n"
     checks.gemm_operands(op, a, b)
     eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight, bias=bias)
     checks.flag(op, "return_stats", return_stats)
+    checks.fused_flag(op, fused)
     runtime.check_runnable(op, a.device)
-    y, mean, rstd = _LAYERNORM(a, b, weight, bias, eps)
+    y, mean, rstd = _LAYERNORM(a, b, weight, bias, eps, fused)
     return (y, mean, rstd) if return_stats else y
 
 
@@ -103,21 +116,23 @@ def matmul_rmsnorm_split_n(
     eps: float = 1e-5,
     *,
     return_rstd: bool = False,
+    fused: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``rms_norm(a @ b, (N,), weight, eps)`` for any N, the row split into N tiles.
 
     The RMSNorm twin of :func:`matmul_layernorm_split_n` (same technique and kernel design,
-    same caveats: on the H200 from break-even at K = N = 512 to 1.15x slower than cuBLAS + the
-    best standalone norm; with fp16 inputs a product past 65504 overflows between the sweeps).
-    Args, returns, gradients and errors: as :func:`~helion_kernels.matmul_rmsnorm`, without
-    ``fused`` and without an N limit.
+    same dispatch and caveats: on the H200 from break-even at K = N = 512, the one tuned row
+    that chose the kernel, to 1.15x slower than cuBLAS + the best standalone norm; with fp16
+    inputs a product past 65504 overflows between the sweeps). Args, returns, gradients and
+    errors: as :func:`~helion_kernels.matmul_rmsnorm`, without an N limit.
     """
     op = "matmul_rmsnorm_split_n"
     checks.gemm_operands(op, a, b)
     eps = checks.norm_params(op, a, b.shape[1], eps, weight=weight)
     checks.flag(op, "return_rstd", return_rstd)
+    checks.fused_flag(op, fused)
     runtime.check_runnable(op, a.device)
-    y, rstd = _RMSNORM(a, b, weight, eps)
+    y, rstd = _RMSNORM(a, b, weight, eps, fused)
     return (y, rstd) if return_rstd else y
 
 
