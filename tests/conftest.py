@@ -132,6 +132,19 @@ def _empty_user_registry(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture
+def decisions(registry_dir, monkeypatch):
+    """An empty registry whose dispatch decisions apply, as on a GPU (outside reference mode,
+    which has no registry and always runs the kernels); compiled kernels and decisions
+    forgotten before and after."""
+    from helion_kernels import runtime
+
+    monkeypatch.setattr(runtime, "reference_mode", lambda kernel: False)
+    runtime.clear_cache()
+    yield
+    runtime.clear_cache()
+
+
+@pytest.fixture
 def registry_dir(tmp_path, monkeypatch):
     """An empty registry: the user registry (with an empty workload folder) in a temporary
     directory, and no shipped registry."""

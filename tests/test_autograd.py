@@ -252,7 +252,7 @@ def _opcheck_cases():
         ("matmul_rmsnorm_addends", postnorm._RMSNORM, (a, b, w, EPS, False, None, True, lb, res)),
         ("rmsnorm_matmul", prenorm._OP, (a, b, EPS, None)),
         ("rmsnorm_matmul_unfused", prenorm._OP, (a, b, EPS, False)),
-        ("matmul_layernorm_split_n", split_n._LAYERNORM, (a, b, w, bias, EPS)),
+        ("matmul_layernorm_split_n", split_n._LAYERNORM, (a, b, w, bias, EPS, None)),
         ("matmul_rmsnorm_matmul", split_n._DEFERRED, (a, b, c, EPS)),
     ]
 

@@ -249,15 +249,6 @@ def _save_decision(spec, shape: Shape, choice: str) -> None:
     registry.save_entry(spec.name, registry.gpu_key(torch.device("cpu")), Entry(shape, "float32", config, meta))
 
 
-@pytest.fixture
-def decisions(registry_dir, monkeypatch):
-    """Registry decisions apply (as on a GPU); compiled kernels and decisions forgotten."""
-    monkeypatch.setattr(runtime, "reference_mode", lambda kernel: False)
-    runtime.clear_cache()
-    yield
-    runtime.clear_cache()
-
-
 def _kernel_args(norm: str, shape: Shape) -> tuple:
     a, b, w, bias, eps = _inputs(shape, torch.float32, "cpu", 41, "weight_bias")
     return (a, b, w, bias, eps) if norm == "layernorm" else (a, b, w, eps)

@@ -31,15 +31,6 @@ def _save(shape: Shape, dtype: str, choice: str | None) -> None:
     registry.save_entry(SPEC.name, registry.gpu_key(torch.device("cpu")), Entry(shape, dtype, CONFIG, meta))
 
 
-@pytest.fixture
-def decisions(registry_dir, monkeypatch):
-    """Registry decisions apply (as on a GPU); compiled kernels and decisions forgotten."""
-    monkeypatch.setattr(runtime, "reference_mode", lambda kernel: False)
-    runtime.clear_cache()
-    yield
-    runtime.clear_cache()
-
-
 def _args(shape: Shape, dtype=torch.float32) -> tuple:
     return SPEC.make_args(shape, dtype, "cpu", 0)
 
