@@ -134,6 +134,8 @@ def postnorm_stats(c: torch.Tensor, kind: str, eps: float):
     """(mean or None, rstd) of the rows of ``c`` in fp32, for ``kind`` "layernorm" or "rmsnorm"."""
     c32 = _f32(c)
     if kind == "layernorm":
+        if c32.shape[0] == 0:  # no rows (var_mean would warn about its degrees of freedom)
+            return c32.new_empty(0), c32.new_empty(0)
         var, mean = torch.var_mean(c32, dim=1, correction=0)
         return mean, torch.rsqrt(var + eps)
     return None, torch.rsqrt(c32.pow(2).mean(dim=1) + eps)

@@ -147,3 +147,12 @@ def test_every_seed_generates_code_and_one_is_persistent(name):
         if config.config.get("pid_type") == "persistent_interleaved" and "tensor_descriptor" in str(config.config):
             persistent += 1
     assert persistent >= 1
+
+
+def test_dispatch_needs_a_margin():
+    """A tie, or a win smaller than the margin, keeps the unfused path."""
+    assert tuning.dispatch_decision(1.0, 1.0, "x")["choice"] == "unfused"
+    assert tuning.dispatch_decision(1.0, 1.01, "x")["choice"] == "unfused"
+    assert tuning.dispatch_decision(1.0, tuning.DISPATCH_MARGIN, "x")["choice"] == "fused"
+    assert tuning.dispatch_decision(1.0, 0.9, "x") == {"choice": "unfused", "fused_ms": 1.0, "unfused_ms": 0.9,
+                                                       "unfused": "x", "margin": tuning.DISPATCH_MARGIN}

@@ -88,16 +88,18 @@ def matmul_layernorm_split_n(
     with Chan's formula, then re-reads the tiles from L2 and normalises them. On the H200 it
     is correct but 1.11-1.24x slower than cuBLAS + the best standalone norm on every
     benchmarked shape (``bench/results/``), so ``matmul_layernorm`` does not dispatch to it,
-    and this op itself runs the kernel only where tuning measured it faster than cuBLAS + the
-    compiled norm (``fused=None``: the registry's decision at this shape or the nearest tuned
-    one, as for the full-row ops; unfused on a GPU without entries; none of the H200's tuned
-    rows chose it). ``fused=True`` forces the kernel (with a conservative default config and a
-    warning on a GPU without entries), ``fused=False`` cuBLAS + the compiled norm.
+    and this op itself runs the kernel only where tuning measured it at least 2% faster than
+    cuBLAS + the compiled norm (``fused=None``: the registry's decision at this shape or the
+    nearest tuned one, as for the full-row ops; unfused on a GPU without entries; none of the
+    H200's tuned rows chose it). ``fused=True`` forces the kernel (with a conservative default
+    config and a warning on a GPU without entries), ``fused=False`` cuBLAS + the compiled norm.
 
-    Args, returns, gradients and errors: as :func:`~helion_kernels.matmul_layernorm`, without
-    an N limit. The un-normalised tile is stored in the input dtype between the two sweeps
-    (centred on its tile mean), so with fp16 inputs a deviation past 65504 overflows, as in
-    cuBLAS + a standalone norm; the full-row kernel keeps it in fp32.
+    Args, returns and errors: as :func:`~helion_kernels.matmul_layernorm`, without an N limit
+    and without ``linear_bias`` and ``residual``. Gradients as there too, but nothing of the
+    forward is kept: the backward recomputes ``a @ b`` (one more GEMM) and the statistics.
+    The un-normalised tile is stored in the input dtype between the two sweeps (centred on
+    its tile mean), so with fp16 inputs a deviation past 65504 overflows, as in cuBLAS + a
+    standalone norm; the full-row kernel keeps it in fp32.
     """
     op = "matmul_layernorm_split_n"
     checks.gemm_operands(op, a, b)
@@ -121,10 +123,11 @@ def matmul_rmsnorm_split_n(
     """``rms_norm(a @ b, (N,), weight, eps)`` for any N, the row split into N tiles.
 
     The RMSNorm twin of :func:`matmul_layernorm_split_n` (same technique and kernel design,
-    same dispatch and caveats: on the H200 from break-even at K = N = 512, the one tuned row
-    that chose the kernel, to 1.15x slower than cuBLAS + the best standalone norm; with fp16
-    inputs a product past 65504 overflows between the sweeps). Args, returns, gradients and
-    errors: as :func:`~helion_kernels.matmul_rmsnorm`, without an N limit.
+    same dispatch and caveats: on the H200 from break-even at K = N = 512 to 1.15x slower
+    than cuBLAS + the best standalone norm; with fp16 inputs a product past 65504 overflows
+    between the sweeps; the backward recomputes ``a @ b``). Args, returns and errors: as
+    :func:`~helion_kernels.matmul_rmsnorm`, without an N limit and without ``linear_bias``
+    and ``residual``.
     """
     op = "matmul_rmsnorm_split_n"
     checks.gemm_operands(op, a, b)
