@@ -28,7 +28,6 @@ Writes ``attention_training_step_<workload>[_graph][_<where>].{csv,md,json,png}`
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 import warnings
@@ -38,15 +37,15 @@ import pandas as pd
 import torch
 
 from helion_kernels import flash_norm_attention, gdpa, registry
-from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, write_results
+from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
 from helion_kernels.kernels.flash_norm_attention import EPS, compiled_unfused_block, norm_block, unfused_block
 from helion_kernels.kernels.gdpa import random_jagged_inputs
 from helion_kernels.timing import measure_ceilings
 from helion_kernels.verify import check_outputs
-from helion_kernels.workloads import load_workload, problems
+from helion_kernels.workloads import problems
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from training_step import _time_all  # noqa: E402  (one timer for every column of a row)
+from training_step import _time_all, add_timer_argument  # noqa: E402  (one timer for every column of a row)
 
 ACTIVATION = "fast_gelu"
 
@@ -140,24 +139,15 @@ def plot(df: pd.DataFrame, meta: dict, path: Path) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", default="flash_norm_attention", help="attention workload table (default %(default)s)")
-    ap.add_argument("--where", default=None, help="pandas query selecting rows, e.g. 'H == 2'")
-    ap.add_argument("--timer", choices=["plain", "graph"], default="plain",
-                    help="plain do_bench (host time included) or CUDA-graph replay (default %(default)s)")
-    ap.add_argument("--out", type=Path, default=None, help="results folder (default bench/results/<gpu>/)")
-    ap.add_argument("--profile", action="store_true",
-                    help="instead of timing: torch.profiler of the fused and the gdpa + eager norms steps "
-                         "of each row (host time per step, GPU kernels), printed, nothing written")
-    ap.add_argument("--cprofile", action="store_true", help="with --profile: also cProfile the fused step's Python")
-    args = ap.parse_args()
-    try:
-        table = load_workload(args.workload, args.where, kind="attention")
-    except ValueError as err:
-        ap.error(str(err))
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
-        return 2
+    def arguments(p):
+        add_timer_argument(p)
+        p.add_argument("--profile", action="store_true",
+                       help="instead of timing: torch.profiler of the fused and the gdpa + eager norms steps "
+                            "of each row (host time per step, GPU kernels), printed, nothing written")
+        p.add_argument("--cprofile", action="store_true", help="with --profile: also cProfile the fused step's Python")
+
+    args, table = workload_script_args(__doc__.splitlines()[0], arguments, default_workload="flash_norm_attention",
+                                       kind="attention")
     warnings.simplefilter("ignore", registry.ConfigFallbackWarning)
     device = torch.device("cuda")
     if args.profile:

@@ -39,10 +39,9 @@ import torch
 from torch import nn
 
 from helion_kernels import LinearLayerNorm, LinearRMSNorm, RMSNormLinear, matmul, registry
-from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, write_results
+from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
 from helion_kernels.timing import measure_ceilings
 from helion_kernels.verify import check_outputs
-from helion_kernels.workloads import load_workload
 
 NORMS = {"rmsnorm_linear": nn.RMSNorm, "linear_layernorm": nn.LayerNorm, "linear_rmsnorm": nn.RMSNorm}
 MODULES = {"rmsnorm_linear": RMSNormLinear, "linear_layernorm": LinearLayerNorm, "linear_rmsnorm": LinearRMSNorm}
@@ -202,22 +201,18 @@ def plot(df: pd.DataFrame, meta: dict, path: Path) -> None:
     finish_plot(fig, axes, path)
 
 
+def add_timer_argument(p: argparse.ArgumentParser) -> None:
+    """``--timer``: the timer of every column (:func:`_time_all`)."""
+    p.add_argument("--timer", choices=["plain", "graph"], default="plain",
+                   help="plain do_bench (host overhead included) or CUDA-graph replay (GPU time)")
+
+
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", default="training")
-    ap.add_argument("--where", default=None)
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--timer", choices=["plain", "graph"], default="plain",
-                    help="plain do_bench (host overhead included) or CUDA-graph replay (GPU time)")
-    ap.add_argument("--bias", action="store_true", help="Linear with a bias (default: without)")
-    args = ap.parse_args()
-    try:
-        table = load_workload(args.workload, args.where)
-    except ValueError as err:
-        ap.error(str(err))
-    if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
-        return 2
+    def arguments(p):
+        add_timer_argument(p)
+        p.add_argument("--bias", action="store_true", help="Linear with a bias (default: without)")
+
+    args, table = workload_script_args(__doc__.splitlines()[0], arguments, default_workload="training")
     warnings.simplefilter("ignore", registry.ConfigFallbackWarning)
     device = torch.device("cuda")
     ceilings = measure_ceilings(device)

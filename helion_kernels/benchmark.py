@@ -162,10 +162,12 @@ def run_benchmark(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype,
     return pd.DataFrame(rows), meta
 
 
-def workload_script_args(description: str, add_arguments=None) -> tuple[argparse.Namespace, pd.DataFrame]:
-    """The command line of the ``bench/`` scripts that sweep a GEMM workload table.
+def workload_script_args(description: str, add_arguments=None, default_workload: str = "postnorm_split_n",
+                         kind: str = "gemm") -> tuple[argparse.Namespace, pd.DataFrame]:
+    """The command line of the ``bench/`` scripts that sweep a workload table of ``kind``
+    (``"gemm"``: M, K, N; ``"attention"``: the attention rows).
 
-    ``--workload`` (default ``postnorm_split_n``), ``--where`` (a pandas query), ``--out``
+    ``--workload`` (default ``default_workload``), ``--where`` (a pandas query), ``--out``
     (default ``bench/results/<gpu>/``), plus what ``add_arguments(parser)`` adds. Returns
     (args, the selected rows). A bad table or query exits with the usage error, before the
     GPU is looked for; no CUDA GPU exits with status 2.
@@ -173,12 +175,12 @@ def workload_script_args(description: str, add_arguments=None) -> tuple[argparse
     p = argparse.ArgumentParser(description=description)
     if add_arguments is not None:
         add_arguments(p)
-    p.add_argument("--workload", default="postnorm_split_n", help="a GEMM workload table (M, K, N)")
-    p.add_argument("--where", default=None, help="pandas query on the table's M, K, N columns")
+    p.add_argument("--workload", default=default_workload, help=f"a {kind} workload table (default %(default)s)")
+    p.add_argument("--where", default=None, help="pandas query on the table's columns, e.g. 'M == 65536'")
     p.add_argument("--out", type=Path, default=None, help="default: bench/results/<gpu>/")
     args = p.parse_args()
     try:
-        table = load_workload(args.workload, args.where)
+        table = load_workload(args.workload, args.where, kind=kind)
     except ValueError as err:
         p.error(str(err))
     if not torch.cuda.is_available():

@@ -192,26 +192,21 @@ def test_backward_dispatch(monkeypatch):
 
 
 @pytest.mark.parametrize("choice", ["fused", "unfused"])
-def test_backward_follows_the_registry(choice, registry_dir, monkeypatch):
+def test_backward_follows_the_registry(choice, decisions):
     """Outside reference mode, fused=None reads the dispatch decision tuning recorded."""
     import helion
 
-    from helion_kernels import registry, runtime
+    from helion_kernels import registry
     from helion_kernels.kernels.rmsnorm_matmul_backward import SPEC
     from helion_kernels.spec import Shape
 
-    monkeypatch.setattr(runtime, "reference_mode", lambda kernel: False)
-    runtime.clear_cache()
     args = SPEC.make_args(Shape(9, 24, 20), torch.float32, "cpu", 0)
     meta = {"dispatch": {"choice": choice, "fused_ms": 1.0, "unfused_ms": 2.0,
                          "unfused": SPEC.dispatch_baseline}}
     registry.save_entry(SPEC.name, registry.gpu_key(args[0].device),
                         registry.Entry(Shape(9, 24, 20), "float32", helion.Config(block_sizes=[16, 16, 16, 16]), meta))
-    try:
-        assert prenorm.use_fused_backward(args, None) is (choice == "fused")
-        assert prenorm.use_fused_backward(args, True) and not prenorm.use_fused_backward(args, False)
-    finally:
-        runtime.clear_cache()
+    assert prenorm.use_fused_backward(args, None) is (choice == "fused")
+    assert prenorm.use_fused_backward(args, True) and not prenorm.use_fused_backward(args, False)
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -48,7 +48,7 @@ def _candidate(text: str) -> tuple[int, int, int, int]:
     return int(b0), int(b1), int(warps), int(stages)
 
 
-def sweep_row(row: AttentionRow, device: torch.device) -> list[dict]:
+def sweep_row(row: AttentionRow, device: torch.device, candidates: list[tuple[int, int, int, int]]) -> list[dict]:
     q, k, v, qo, ko = random_jagged_inputs(row.q_lengths(), [row.seq_len_kv] * row.batch, row.H, row.D,
                                            torch.bfloat16, device, 0)
     dout = torch.randn(q.shape, generator=torch.Generator(device=device).manual_seed(1), device=device,
@@ -61,7 +61,7 @@ def sweep_row(row: AttentionRow, device: torch.device) -> list[dict]:
     )
     rows = []
     for name, kernel, args, ref in kernels:
-        for b0, b1, warps, stages in CANDIDATES:
+        for b0, b1, warps, stages in candidates:
             cfg = helion.Config(block_sizes=[b0, b1], num_warps=warps, num_stages=stages)
             out = {"H": row.H, "max_seq_len_q": row.max_seq_len_q, "total_q": q.shape[0], "kernel": name,
                    "block_sizes": f"{b0}x{b1}", "num_warps": warps, "num_stages": stages}
@@ -90,11 +90,10 @@ def main() -> int:
         rows = [_row(r) for r in args.rows]
     except ValueError:
         p.error("--rows takes H,max_seq_len_q pairs such as 2,512")
-    if args.configs:
-        try:
-            CANDIDATES[:] = [_candidate(c) for c in args.configs]
-        except ValueError:
-            p.error("--configs takes candidates such as 64x64/4/2")
+    try:
+        candidates = [_candidate(c) for c in args.configs] if args.configs else CANDIDATES
+    except ValueError:
+        p.error("--configs takes candidates such as 64x64/4/2")
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -106,7 +105,7 @@ def main() -> int:
                + (f" --tag {args.tag}" if args.tag else ""))
     results: list[dict] = []
     for row in rows:  # the files are rewritten after each row, so a run cut short keeps its rows
-        results += sweep_row(row, device)
+        results += sweep_row(row, device, candidates)
         df = pd.DataFrame(results)
         first = df.groupby(["H", "max_seq_len_q", "kernel"])["ms"].transform("first")  # the baseline config
         df["vs_pinned"] = df["ms"] / first

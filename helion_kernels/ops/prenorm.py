@@ -86,11 +86,7 @@ def use_fused_backward(args: tuple, fused: bool | None) -> bool:
     backward: ``fused`` True/False forces; None follows the registry's dispatch decision
     for ``rmsnorm_matmul_backward`` at this shape (the nearest tuned one for an untuned
     shape; unfused on a GPU with no entry); reference mode always runs the kernel."""
-    a, b = args[0], args[1]
-    if fused is not None or a.shape[0] == 0 or b.shape[1] == 0:
-        return bool(fused) and a.shape[0] > 0 and b.shape[1] > 0
-    spec = _backward_kernels.SPEC
-    return runtime.reference_mode(spec.kernel) or runtime.fused_choice(spec, args)
+    return runtime.registry_choice(_backward_kernels.SPEC, args, fused)
 
 
 def _dgrad(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, rstd: torch.Tensor,
