@@ -29,8 +29,9 @@ Lookup (:func:`lookup`) for a call at a key, dtype and GPU:
 2. **nearest**: among the GPU's entries of the same dtype (else of a dtype with the same
    element size, e.g. fp16 for bf16; never one of another size, whose tiles would need
    other amounts of shared memory), the one with the smallest
-   ``|log2(M/M')| + |log2(K/K')| + |log2(N/N')|`` (likewise over H and D), ties to the
-   larger shape. A GPU with no entries of its own for the kernel uses those of another GPU
+   ``|log2(M/M')| / 2 + |log2(K/K')| / 4 + |log2(N/N')|`` (:data:`GEMM_DISTANCE_WEIGHTS`:
+   N matters most to what a config loses at another shape, K least, as measured on the
+   H200; over H and D unweighted), ties to the larger shape. A GPU with no entries of its own for the kernel uses those of another GPU
    of the same architecture (``..._sm90``), always as *nearest*, so the caller still fits
    the config to its device;
 3. **default**: the kernel's conservative default config.
@@ -318,9 +319,20 @@ def _update(kernel: str, gpu: str, change, gpu_name: str | None) -> Path:
     return path
 
 
+# Weights of |log2| ratios of (M, K, N) in the nearest-shape distance: the worst loss measured
+# per factor of 2 when a config tuned at one shape runs at another, relative to N's, rounded
+# up to a power of two. H200, bf16 `matmul` (bench/results/nvidia_h200_sm90/variants/):
+# N up to 6.8% (config_transfer_matmul_prenorm_rmsnorm.md, 12 pairs), M up to 2.6%
+# (dynamic_m_K1024_N1024.md, 5 M's from 8192 to 262144), K up to 1.7% (the same transfer
+# file, 14 pairs). An attention key's (H, D) weigh alike.
+GEMM_DISTANCE_WEIGHTS = Shape(M=0.5, K=0.25, N=1.0)
+
+
 def shape_distance(a: Shape | AttentionShape, b: Shape | AttentionShape) -> float:
-    """Sum of |log2| ratios of M, K and N (or of H and D)."""
-    return sum(abs(math.log2(x / y)) for x, y in zip(a, b))
+    """Weighted sum of |log2| ratios of M, K and N (:data:`GEMM_DISTANCE_WEIGHTS`), or the
+    plain sum over H and D."""
+    weights = GEMM_DISTANCE_WEIGHTS if isinstance(a, Shape) else (1.0,) * len(a)
+    return sum(w * abs(math.log2(x / y)) for w, x, y in zip(weights, a, b))
 
 
 def _element_size(dtype: str) -> int | None:

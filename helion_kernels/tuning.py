@@ -4,7 +4,9 @@ Per registry key (a GEMM shape, or an attention (H, D) tuned on its workload row
 most FLOPs, i.e. the longest sequences): Helion's autotuner (``autotune_effort`` and
 ``autotune_budget_seconds`` bound the time; the search is seeded with the nearest
 registered key's config and the spec's hand-picked tilings; every candidate is checked
-against the fp32 reference), then the winning config is checked again
+against the fp32 reference; each seed is then timed on its own, and the fastest seed replaces
+the search's pick where it timed faster, which a short budget leaves possible), then the
+winning config is checked again
 (:func:`~.verify.verify_config`: several fresh random draws, and bitwise-identical repeated
 runs), timed by CUDA-graph replay and written to the user registry
 (:func:`~.registry.registry_path`). For a kernel with a ``dispatch_baseline`` (the pre-norm
@@ -130,14 +132,24 @@ def tune_problem(
         bound.set_config(config)
     tune_seconds = time.perf_counter() - t0
 
-    rel_error = verify_config(bound, spec, problem, dtype, device, options.seed + 1)
     latency = time_ms(lambda: bound(*args))
     # The best hand-picked seed, timed the same way: what the search added over the seeds.
     # (A kernel of its own: setting configs on spec.kernel's bound kernel would change what
     # the runtime's cached launches of this shape run.)
     plain = helion.kernel(spec.kernel.fn, static_shapes=spec.kernel.settings.static_shapes)
     seed_ms, seed_index = best_seed(lambda: plain.bind(args), seeds, lambda b: time_ms(lambda: b(*args)))
-    search.update(best_seed_ms=None if seed_ms is None else round(seed_ms, 5), best_seed=seed_index)
+    search.update(best_seed_ms=None if seed_ms is None else round(seed_ms, 5), best_seed=seed_index,
+                  kept_seed=False)
+    if seed_ms is not None and seed_ms < latency:
+        # A short budget can end Helion's search before it benchmarked every seed (or with a
+        # slower pick from a noisy first timing): never record less than the best seed.
+        config = seeds[seed_index]
+        if spec.portable_config is not None:
+            config = spec.portable_config(config)
+        bound.set_config(config)
+        latency = time_ms(lambda: bound(*args))
+        search["kept_seed"] = True
+    rel_error = verify_config(bound, spec, problem, dtype, device, options.seed + 1)
     extra = {} if problem == key else {"tuned_on": problem.columns()}
     decision = ""
     if spec.dispatch_baseline is not None:
@@ -150,6 +162,8 @@ def tune_problem(
     registry.save_entry(spec.name, gpu, entry, gpu_name=torch.cuda.get_device_name(device))
     on = "" if problem == key else f" on {problem}"
     seeds_text = "no seed ran" if seed_ms is None else f"best seed {seed_ms:.4f} ms"
+    if search["kept_seed"]:
+        seeds_text += ", kept: the search's pick was slower"
     timed = f", {search['configs_tested']} configs timed" if "configs_tested" in search else ""
     return TuneResult(
         key, "tuned", time.perf_counter() - t0,

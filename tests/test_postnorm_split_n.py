@@ -210,8 +210,11 @@ def test_cuda_public_functions_without_registry(registry_dir):
     from helion_kernels import matmul_layernorm_split_n, matmul_rmsnorm_split_n
     from helion_kernels.registry import ConfigFallbackWarning
 
-    a, b, w, bias, eps = _inputs(Shape(777, 320, 1536), torch.bfloat16, "cuda", 37, "weight_bias", large_mean=True)
     for fused in (None, True):
+        # Rows of mean ~1e3 only for the kernel: the unfused path rounds cuBLAS's bf16 output
+        # (spacing 4 at 1e3) before its norm, as the PyTorch pair does, which no tolerance covers.
+        a, b, w, bias, eps = _inputs(Shape(777, 320, 1536), torch.bfloat16, "cuda", 37, "weight_bias",
+                                     large_mean=bool(fused))
         with pytest.warns(ConfigFallbackWarning, match="default config") if fused else _no_fallback_warning():
             y = matmul_layernorm_split_n(a, b, w, bias, eps, return_stats=True, fused=fused)
         check_outputs(y, _ln_reference(a, b, w, bias, eps), torch.bfloat16)

@@ -92,6 +92,18 @@ def test_nearest_rule(registry_dir):
     assert registry.nearest_entry({}, Shape(1, 1, 1), "bfloat16") is None
 
 
+def test_nearest_weighs_n_over_m_over_k():
+    """A factor of 2 in N costs more than one in M, which costs more than one in K (the
+    measured losses in registry.GEMM_DISTANCE_WEIGHTS)."""
+    at = {e.key: e for e in (_entry(65536, 1024, 512), _entry(131072, 1024, 1024), _entry(65536, 2048, 1024))}
+    assert registry.nearest_entry(at, Shape(65536, 1024, 1024), "bfloat16").shape == Shape(65536, 2048, 1024)
+    del at[(65536, 2048, 1024, "bfloat16")]
+    assert registry.nearest_entry(at, Shape(65536, 1024, 1024), "bfloat16").shape == Shape(131072, 1024, 1024)
+    assert registry.shape_distance(Shape(1, 1, 1), Shape(4, 2, 8)) == 2 * 0.5 + 0.25 + 3
+    from helion_kernels.spec import AttentionShape
+    assert registry.shape_distance(AttentionShape(2, 64), AttentionShape(8, 128)) == 3
+
+
 def test_tie_goes_to_larger_shape():
     entries = {e.key: e for e in (_entry(65536, 1024, 1024), _entry(262144, 1024, 1024))}
     assert registry.nearest_entry(entries, Shape(131072, 1024, 1024), "bfloat16").shape.M == 262144

@@ -1,0 +1,98 @@
+"""What tuning cost and bought, per registry entry, from the committed registry (no GPU needed).
+
+Per entry of every kernel of one GPU (``configs/<gpu>/*.json``): the search budget and the
+seconds Helion's search took (the verification and the seed and unfused timings after it add
+15-20 s per GEMM shape on the H200), how many configs Helion's search timed, the best hand-picked seed's time beside
+the final config's (``search_gain`` = seed / final: what the search added over the seeds;
+1.0 when it kept a seed), the tiling picked, and the dispatch decision. A second table sums
+the search seconds per kernel and date: what a whole table's search took.
+
+    python bench/tuning_report.py [--gpu nvidia_h200_sm90] [--since 2026-12-01]
+
+Writes ``bench/results/<gpu>/tuning_report.{csv,md}``. Entries tuned before the registry
+recorded the seed times or the search counts show those columns empty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from helion_kernels import registry
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tiling(config: dict) -> str:
+    """block sizes, warps/stages, indexing of the first load, pid type: e.g.
+    ``128x256x64 w8 s3 tensor_descriptor persistent_interleaved``."""
+    indexing = config.get("indexing", "pointer")
+    first = indexing[0] if isinstance(indexing, list) and indexing else indexing
+    return (f"{'x'.join(map(str, config.get('block_sizes', [])))} w{config.get('num_warps')} "
+            f"s{config.get('num_stages')} {first} {config.get('pid_type', 'flat')}")
+
+
+def report(folder: Path) -> pd.DataFrame:
+    """One row per entry of every registry file in ``folder`` (a ``configs/<gpu>/``)."""
+    rows = []
+    for path in sorted(folder.glob("*.json")):
+        for entry in registry.load_entries(path).values():
+            tune = entry.meta.get("autotune", {})
+            seed_ms, final_ms = tune.get("best_seed_ms"), entry.meta.get("latency_ms")
+            rows.append({
+                "kernel": path.stem, "shape": "x".join(map(str, entry.shape)), "dtype": entry.dtype,
+                "tuned_at": str(entry.meta.get("tuned_at", ""))[:10],
+                "budget_s": tune.get("budget_seconds"), "tuning_s": tune.get("seconds"),
+                "configs_timed": tune.get("configs_tested"),
+                "best_seed_ms": seed_ms, "final_ms": final_ms,
+                "search_gain": round(seed_ms / final_ms, 3) if seed_ms and final_ms else None,
+                "kept_seed": tune.get("kept_seed"),
+                "tiling": _tiling(entry.config),
+                "dispatch": entry.meta.get("dispatch", {}).get("choice", ""),
+            })
+    return pd.DataFrame(rows)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gpu", default="nvidia_h200_sm90", help="registry GPU key (default %(default)s)")
+    p.add_argument("--since", default=None, help="only entries tuned on or after this date (YYYY-MM-DD)")
+    p.add_argument("--configs", type=Path, default=ROOT / "configs", help="registry root (default: the checkout's)")
+    p.add_argument("--out", type=Path, default=None, help="folder (default bench/results/<gpu>/)")
+    args = p.parse_args()
+    df = report(args.configs / args.gpu)
+    if df.empty:
+        print(f"tuning_report: no registry entries under {args.configs / args.gpu}", file=sys.stderr)
+        return 2
+    if args.since:
+        df = df[df.tuned_at >= args.since]
+    totals = (df.groupby(["kernel", "tuned_at"])
+              .agg(entries=("shape", "size"), tuning_s=("tuning_s", "sum"), budget_s=("budget_s", "median"),
+                   search_beat_seeds=("search_gain", lambda g: int((g.dropna() > 1.0).sum())),
+                   with_seed_time=("search_gain", lambda g: int(g.notna().sum())))
+              .reset_index())
+    out = args.out or ROOT / "bench" / "results" / args.gpu
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "tuning_report.csv", index=False)
+    since = f" --since {args.since}" if args.since else ""
+    (out / "tuning_report.md").write_text("\n".join([
+        f"# Tuning cost and gain per registry entry ({args.gpu})", "",
+        f"- command: `python bench/tuning_report.py --gpu {args.gpu}{since}` (from the committed registry)",
+        "- tuning_s: seconds of Helion's search (verification, seed and unfused timings add 15-20 s per GEMM shape);"
+        " budget_s: Helion's autotune_budget_seconds; configs_timed: configs Helion's search timed",
+        "- search_gain: best hand-picked seed's time / final config's time (CUDA-graph medians; 1.0 or below: the search"
+        " found nothing faster than the seeds); kept_seed: the best seed replaced a slower pick of the search;"
+        " empty where the entry predates these records",
+        "", "## Whole tables: search seconds per kernel and tuning date", "",
+        totals.to_markdown(index=False), "", "## Per entry", "",
+        df.to_markdown(index=False, floatfmt=".4g"), ""]))
+    print(totals.to_string(index=False))
+    print(f"wrote {out / 'tuning_report.csv'} and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""``bench/tuning_report.py``: one row per committed registry entry, and the committed report
+matches the committed registry."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+GPU = "nvidia_h200_sm90"
+
+
+def _report(tmp_path: Path) -> pd.DataFrame:
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "tuning_report.py"), "--gpu", GPU, "--out", str(tmp_path)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return pd.read_csv(tmp_path / "tuning_report.csv")
+
+
+def test_one_row_per_entry_with_seed_gain(tmp_path):
+    import json
+
+    df = _report(tmp_path)
+    entries = sum(len(json.loads(p.read_text())["entries"]) for p in (REPO / "configs" / GPU).glob("*.json"))
+    assert len(df) == entries
+    timed = df.dropna(subset=["best_seed_ms"])
+    assert len(timed) and ((timed.best_seed_ms / timed.final_ms).round(3) == timed.search_gain).all()
+
+
+def test_committed_report_is_current(tmp_path):
+    _report(tmp_path)
+    committed = REPO / "bench" / "results" / GPU / "tuning_report.csv"
+    assert committed.read_text() == (tmp_path / "tuning_report.csv").read_text(), \
+        "run python bench/tuning_report.py after changing the registry"
