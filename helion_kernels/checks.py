@@ -111,6 +111,19 @@ def residual(op: str, residual, a: torch.Tensor, b: torch.Tensor) -> None:
     same_device(op, a, residual)
 
 
+def row_stat(op: str, name: str, t, a: torch.Tensor) -> None:
+    """``t`` None or an fp32 tensor [M] (one value per row of ``a`` [M, K]) on ``a``'s device."""
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor or None, got {type(t).__name__}")
+    if tuple(t.shape) != (a.shape[0],):
+        raise ValueError(f"{op}: {name} must have shape [M] = ({a.shape[0]},), got {tuple(t.shape)}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{op}: {name} must be float32 (the rows' statistics in fp32), got {t.dtype}")
+    same_device(op, a, t)
+
+
 def fused_flag(op: str, fused) -> None:
     """``fused`` must be None, True or False."""
     if fused is not None and not isinstance(fused, bool):

@@ -103,6 +103,13 @@ def rms_x_hat(a: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
     return (_f32(a) * rstd[:, None]).to(a.dtype)
 
 
+def given_rstd_dgrad(g: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(da in ``a.dtype``, drstd fp32) of ``c = (a * rstd[:, None]) @ b`` with ``rstd`` an
+    input, from ``g = dc @ b^T`` (fp32): ``da = rstd * g``, ``drstd = sum_k(a * g)``."""
+    g32 = _f32(g)
+    return (g32 * rstd[:, None]).to(a.dtype), (_f32(a) * g32).sum(dim=1)
+
+
 def prenorm_norm_backward(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor):
     """(da, x_hat) in ``a.dtype`` from ``dx_hat = dc @ b^T``: the RMSNorm backward the
     pre-norm dgrad kernel applies in its epilogue."""

@@ -44,6 +44,10 @@ def _op_cases():
     return [
         ("matmul", gemm._OP, (a, b)),
         ("rmsnorm_matmul", prenorm._OP, (a, b.t().contiguous().t(), 1e-5, None)),
+        ("rmsnorm_matmul_given_rstd", prenorm._GIVEN_RSTD,
+         (a, b.t().contiguous().t(), torch.rand(a.shape[0], device=DEVICE) + 0.5, None)),
+        ("rmsnorm_matmul_given_rstd_unfused", prenorm._GIVEN_RSTD,
+         (a, b, torch.rand(a.shape[0], device=DEVICE) + 0.5, False)),
         ("rmsnorm_matmul_backward", prenorm._DGRAD, (a, b, torch.randn(a.shape[0], b.shape[1], device=DEVICE),
                                                      torch.rand(a.shape[0], device=DEVICE) + 0.5, True)),
         ("matmul_layernorm", postnorm._LAYERNORM, (a, b, w, bias, 1e-5, True, None, False, None, None)),
@@ -99,6 +103,8 @@ def _model_calls():
     return [
         ("matmul", lambda a: hk.matmul(a, b) * 2, a),
         ("rmsnorm_matmul", lambda a: hk.rmsnorm_matmul(a, b, w.new_ones(24), return_rstd=True)[0] + 1, a),
+        ("rmsnorm_matmul_given_rstd",
+         lambda a: hk.rmsnorm_matmul(a, b, w.new_ones(24), rstd=torch.rsqrt(a.float().square().mean(1) + 1e-5)), a),
         ("matmul_layernorm", lambda a: hk.matmul_layernorm(torch.relu(a), b, w, bias).float().sum(1), a),
         ("matmul_layernorm_stats", lambda a: hk.matmul_layernorm(a, b, w, bias, return_stats=True)[2], a),
         ("matmul_layernorm_unfused", lambda a: hk.matmul_layernorm(a, b, w, bias, fused=False), a),

@@ -38,7 +38,7 @@ def _check_scale_only(shape, dtype, device, config):
     a, b, eps = _args(shape, dtype, device)
     ref = rmsnorm_matmul_reference(a.double(), b.double(), eps)
     rstd = variants.rstd_reference(a, eps)
-    check_outputs(_run(variants.matmul_row_scale_kernel, (a, b, rstd), config), ref[0], dtype)
+    check_outputs(_run(variants.row_scale_kernel, (a, b, rstd), config), ref[0], dtype)
 
 
 @pytest.mark.ref_mode

@@ -12,7 +12,8 @@ random inputs (``DRAWS`` reference checks plus ``REPEATS`` bit-identical reruns 
 * ``prepass``: a row-statistics kernel writes rstd [M], then a GEMM scales its epilogue by it;
 * ``scale_only``: the consumer of a block whose producer (a GEMM or residual-add epilogue, as
   in ``matmul_rmsnorm_matmul``) already wrote the rows' statistics: the GEMM scales its
-  epilogue by a given rstd, nothing else (``scale_only - matmul`` is what the norm then costs);
+  epilogue by a given rstd, nothing else (``scale_only - matmul`` is what the norm then costs;
+  shipped as ``rmsnorm_matmul(..., rstd=)``);
 * ``matmul``: the plain Helion GEMM (control and floor for the fused variants).
 
 (The in-loop sum from the MMA's own tile, one load feeding both, is ``single_load`` in
@@ -39,6 +40,8 @@ from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_reference
 # (kept here, as the thing being compared against).
 from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_kernel as row_block_kernel
 from helion_kernels.kernels.rmsnorm_matmul import row_block_config
+# The prepass and scale_only variants' GEMM: the kernel rmsnorm_matmul(..., rstd=) runs.
+from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_given_rstd_kernel as row_scale_kernel
 from helion_kernels.spec import Shape, random_gemm_operands
 from helion_kernels.timing import time_ms
 from helion_kernels.verify import VerificationError, check_deterministic, check_outputs
@@ -80,19 +83,6 @@ def rstd_kernel(a: torch.Tensor, eps: float) -> torch.Tensor:
     return rstd
 
 
-@helion.kernel(static_shapes=True)
-def matmul_row_scale_kernel(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    m, k = a.size()
-    _, n = b.size()
-    c = torch.empty([m, n], dtype=a.dtype, device=a.device)
-    for tile_m, tile_n in hl.tile([m, n]):
-        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
-        for tile_k in hl.tile(k):
-            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
-        c[tile_m, tile_n] = (acc * scale[tile_m][:, None]).to(c.dtype)
-    return c
-
-
 def _gemm(bs, warps, stages, indexing="pointer", l2=8, pid="flat") -> dict:
     return dict(block_sizes=bs, num_warps=warps, num_stages=stages, indexing=indexing,
                 l2_groupings=[l2], pid_type=pid)
@@ -106,6 +96,8 @@ TILINGS = {
     "tma_128x128x64_w8_s3_pers": _gemm([128, 128, 64], 8, 3, "tensor_descriptor", 8,
                                         "persistent_interleaved"),
     "tma_128x256x64_w8_s3": _gemm([128, 256, 64], 8, 3, "tensor_descriptor"),
+    "tma_128x256x64_w8_s3_pers": _gemm([128, 256, 64], 8, 3, "tensor_descriptor", 8,
+                                        "persistent_interleaved"),
 }
 # Row-statistics loop tilings [tile_m, tile_k] for row_block / prepass.
 STATS_K = 128
@@ -129,7 +121,7 @@ def _variants(shape: Shape):
             a, b, eps = args
             rs = rstd_kernel.bind((a, eps))
             rs.set_config(helion.Config(block_sizes=[32, STATS_K], num_warps=4, num_stages=2))
-            mm = matmul_row_scale_kernel.bind((a, b, torch.empty(a.shape[0], device=a.device)))
+            mm = row_scale_kernel.bind((a, b, torch.empty(a.shape[0], device=a.device)))
             mm.set_config(helion.Config(**g))
 
             def run():
@@ -140,7 +132,7 @@ def _variants(shape: Shape):
         def scale_only(args, g=g):
             a, b, eps = args
             rstd = rstd_reference(a, eps)  # written by the producer's epilogue, outside the timing
-            mm = matmul_row_scale_kernel.bind((a, b, rstd))
+            mm = row_scale_kernel.bind((a, b, rstd))
             mm.set_config(helion.Config(**g))
             return lambda: (mm(a, b, rstd), rstd)
 

@@ -29,6 +29,8 @@ class CatalogEntry(NamedTuple):
 CATALOG: dict[str, CatalogEntry] = {name: CatalogEntry(*entry) for name, entry in {
     "matmul": ("matmul", "SPEC", "gemm", "plain Helion GEMM (the baseline of the blog's metric)"),
     "rmsnorm_matmul": ("rmsnorm_matmul", "SPEC", "gemm", "deferred pre-norm: rms_norm(a) @ b (technique 2)"),
+    "rmsnorm_matmul_given_rstd": ("rmsnorm_matmul", "SPEC_GIVEN_RSTD", "gemm",
+                                  "deferred pre-norm on the producer's rstd: (a @ b) * rstd (rmsnorm_matmul(..., rstd=))"),
     "rmsnorm_matmul_backward": ("rmsnorm_matmul_backward", "SPEC", "gemm",
                                 "backward of rmsnorm_matmul: the norm's backward in the dgrad GEMM's epilogue"),
     "matmul_layernorm": ("postnorm_full_row", "SPEC_LAYERNORM", "gemm",

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from ..spec import KernelSpec, Shape, gemm_flops, gemm_min_bytes, gemm_shape, random_gemm_operands, reference_dtype
 from .matmul import (
     GEMM_DEFAULT_CONFIG,
+    GEMM_SEED_CONFIGS,
     SEED_POINTER_64x128,
     SEED_POINTER_128x128,
     SEED_POINTER_128x256,
@@ -84,6 +85,34 @@ def row_block_config(gemm: helion.Config, stats_tile_k: int = STATS_TILE_K) -> h
     return helion.Config(block_sizes=[tm, stats_tile_k, tn, tk], **rest)
 
 
+@helion.kernel(static_shapes=True)
+def rmsnorm_matmul_given_rstd_kernel(a: torch.Tensor, b: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """``(a @ b) * rstd[:, None]`` -> c [M, N] in ``a.dtype``: the deferred pre-norm when the
+    producer of ``a`` (a residual add, a GEMM epilogue) already wrote its rows' ``rstd`` [M]
+    fp32, so the GEMM only scales its fp32 accumulator in the epilogue. Config
+    ``block_sizes`` = [tile_m, tile_n, tile_k], as the plain GEMM's."""
+    m, k = a.size()
+    _, n = b.size()
+    c = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    for tile_m, tile_n in hl.tile([m, n]):
+        acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+        for tile_k in hl.tile(k):
+            acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+        c[tile_m, tile_n] = (acc * rstd[tile_m][:, None]).to(c.dtype)
+    return c
+
+
+def rmsnorm_matmul_given_rstd_reference(a: torch.Tensor, b: torch.Tensor, rstd: torch.Tensor) -> tuple[torch.Tensor]:
+    """``(a * rstd[:, None]) @ b`` in fp32 (float64 stays float64)."""
+    dt = reference_dtype(a.dtype)
+    return ((a.to(dt) * rstd.to(dt)[:, None]) @ b.to(dt),)
+
+
+def rms_rstd(a: torch.Tensor, eps: float = EPS) -> torch.Tensor:
+    """The rows' ``rstd = 1 / sqrt(mean(a**2, dim=1) + eps)`` [M] in fp32."""
+    return torch.rsqrt(a.float().pow(2).mean(dim=1) + eps)
+
+
 def rmsnorm_matmul_reference(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -127,6 +156,22 @@ def _baselines(a: torch.Tensor, b: torch.Tensor, eps: float) -> dict:
     return out
 
 
+def _make_args_given_rstd(shape: Shape, dtype: torch.dtype, device, seed: int | None) -> tuple:
+    a, b = random_gemm_operands(shape, dtype, device, seed)
+    rstd = torch.empty(shape.M, dtype=torch.float32, device=device) if seed is None else rms_rstd(a)
+    return a, b, rstd
+
+
+def _baselines_given_rstd(a: torch.Tensor, b: torch.Tensor, rstd: torch.Tensor) -> dict:
+    """The op's own unfused path with ``rstd`` given (the compiled row scaling, then cuBLAS),
+    and the user's usual one (the compiled norm with its statistics, then cuBLAS)."""
+    scale = torch.compile(lambda x, r: (x.float() * r[:, None]).to(x.dtype), dynamic=False)
+    out = _baselines(a, b, EPS)
+    out.update({"inductor_scale": lambda: scale(a, rstd),
+                "cublas+inductor_scale": lambda: torch.mm(scale(a, rstd), b)})
+    return out
+
+
 SPEC = KernelSpec(
     name="rmsnorm_matmul",
     kernel=rmsnorm_matmul_kernel,
@@ -146,5 +191,27 @@ SPEC = KernelSpec(
     gemm_twin="matmul",
     dispatch_baseline="cublas+inductor_norm",
     technique="deferred pre-norm (technique 2, PyTorch blog 'Towards Free Normalization', 2026)",
+    dynamic_m=True,
+)
+
+# The same technique for a producer that already wrote rstd (``rmsnorm_matmul(..., rstd=)``).
+SPEC_GIVEN_RSTD = KernelSpec(
+    name="rmsnorm_matmul_given_rstd",
+    kernel=rmsnorm_matmul_given_rstd_kernel,
+    workload="gemm",
+    make_args=_make_args_given_rstd,
+    key_of=gemm_shape,
+    reference=rmsnorm_matmul_given_rstd_reference,
+    flops=gemm_flops,
+    min_bytes=gemm_min_bytes,
+    default_config=GEMM_DEFAULT_CONFIG,
+    seed_configs=GEMM_SEED_CONFIGS,  # the plain GEMM's: the same loops
+    baselines=_baselines_given_rstd,
+    norm_baseline="inductor_norm",
+    unfused_baselines=("cublas+inductor_scale", "cublas+inductor_norm"),
+    gemm_twin="matmul",
+    dispatch_baseline="cublas+inductor_scale",
+    technique="deferred pre-norm with the producer's rstd (technique 2, PyTorch blog 'Towards Free "
+              "Normalization', 2026)",
     dynamic_m=True,
 )
