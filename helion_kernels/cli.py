@@ -163,12 +163,21 @@ def _print_committed(args: argparse.Namespace, spec) -> None:
     import pandas as pd
 
     results = _CHECKOUT / "bench" / "results"
+    shown = 0
     for gpu in registry.known_gpus():
         paths = [results / gpu / f"{_stem(args, spec.name)}.csv"]
         if not paths[0].is_file():  # this exact selection if it was benchmarked, else any of the workload
             paths = sorted((results / gpu).glob(f"{spec.name}_{args.workload}*.csv"))
         for path in paths:
             df = pd.read_csv(path)
+            note = ""
+            if args.where:  # the rows of the selection that the file has, else all of them
+                try:
+                    picked = df.query(args.where)
+                except Exception:  # a column the file lacks
+                    picked = df.iloc[:0]
+                df, note = (picked, "") if len(picked) else (df, " No committed row matches --where: all shown.")
+            shown += 1
             table = _committed_summary(df, path, spec)
             saved = ("; saved_pct = % of the inductor norm's latency saved against cuBLAS + inductor norm"
                      if "saved_pct" in table else "")
@@ -176,8 +185,11 @@ def _print_committed(args: argparse.Namespace, spec) -> None:
             print("\n" + textwrap.fill(
                 f"Committed results measured on {gpu} ({dtypes}): {path.relative_to(_CHECKOUT)} (full table: "
                 f"{path.with_suffix('.md').name}). fused_ms = this kernel, best_unfused_ms = the fastest "
-                f"unfused pipeline, speedup = best_unfused_ms / fused_ms{saved}.", WIDTH) + "\n")
+                f"unfused pipeline, speedup = best_unfused_ms / fused_ms{saved}.{note}", WIDTH) + "\n")
             print(table)
+    if not shown:
+        print("\n" + textwrap.fill(f"No committed GPU results of {spec.name} on the {args.workload} rows selected; "
+                                   "the measured variants and diagnostics are listed in bench/results/README.md.", WIDTH))
 
 
 def _cpu_bench(args: argparse.Namespace, spec, problems: list) -> int:
@@ -194,8 +206,8 @@ def _cpu_bench(args: argparse.Namespace, spec, problems: list) -> int:
     print(shown.to_string(index=False, na_rep="-"))
     print("\n" + CPU_LEGEND)
     if "runs" in report.columns:
-        print(textwrap.fill("runs = what the op runs at that row: the fused kernel, or cuBLAS + the inductor-"
-                            "compiled norm (the registry's recorded choice, or N past the full-row limit).", WIDTH))
+        print(textwrap.fill("runs = what the op runs at that row: the fused kernel, or its unfused pipeline "
+                            "(the registry's recorded choice, or N past the full-row limit).", WIDTH))
     if len(report) < len(problems) * max(1, len(registry.known_gpus())):
         print(textwrap.fill(f"One row per registry key: {spec.name}'s configs are keyed by "
                             f"{', '.join(type(problems[0].key)._fields)}, not by the sequence lengths.", WIDTH))

@@ -3,8 +3,9 @@
 Why: an untuned shape runs the nearest registry entry's config (``registry.nearest_entry``),
 so the distance that picks it should weigh each of M, K and N by what a config tuned there
 loses when that dimension changes. For every workload row this script times, at the row's
-shape, the config of every registry entry of the kernel within ``--max-distance`` (sum of
-|log2| ratios of M, K and N) and the row's own entry, all as the static kernel a call would
+shape, the config of every registry entry of the kernel within ``--max-distance``
+(``registry.shape_distance``: |log2| ratios of N, M and K weighted 1, 1/2 and 1/4, as the
+nearest-shape rule weighs them) and the row's own entry, all as the static kernel a call would
 compile (fresh random bf16 inputs, CUDA-graph medians). ``vs_own`` is a neighbour's time
 over the row's own config's time (no own entry: over the best candidate's); ``d_M``, ``d_K``
 and ``d_N`` say which dimension differs and by how many factors of 2.
@@ -22,7 +23,6 @@ import math
 import sys
 from pathlib import Path
 
-import helion
 import pandas as pd
 import torch
 
@@ -55,17 +55,22 @@ def transfer_table(rows: list[dict]) -> pd.DataFrame:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--kernel", default="matmul", help="a GEMM-shaped kernel with registry entries")
-    p.add_argument("--workload", default="prenorm_rmsnorm", help="GEMM workload table (the target shapes)")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                epilog="example: python bench/variants/config_transfer.py --kernel matmul "
+                                       "--workload prenorm_rmsnorm --where 'M == 65536'")
+    p.add_argument("--kernel", default="matmul", help="a GEMM-shaped kernel with registry entries (default %(default)s)")
+    p.add_argument("--workload", default="prenorm_rmsnorm",
+                   help="GEMM workload table, the target shapes (default %(default)s)")
     p.add_argument("--where", default=None, help="pandas query selecting rows")
     p.add_argument("--max-distance", type=float, default=1.0,
-                   help="largest sum of |log2| ratios between an entry and a row (default %(default)s)")
+                   help="largest registry.shape_distance (weighted |log2| ratios: N 1, M 1/2, K 1/4) between "
+                        "an entry and a row (default %(default)s: one factor of 2 in N, 4 in M or 16 in K)")
     p.add_argument("--out", type=Path, default=None, help="folder (default: bench/results/<gpu>/variants/)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("config_transfer: needs a CUDA GPU", file=sys.stderr)
         return 2
+    import helion  # seconds to import: after the arguments are checked
     device = torch.device("cuda")
     gpu = registry.gpu_key(device)
     spec = get_spec(args.kernel)

@@ -222,17 +222,21 @@ def rmsnorm_matmul(
     Returns:
         ``c`` [M, N] in the input dtype (fp32 accumulation and statistics), or
         ``(c, rstd)`` with ``return_rstd=True``. Differentiable in ``a``, ``b`` and
-        ``weight`` (``rstd`` is not). The backward saves ``a``, ``b`` and the fp32 ``rstd``
-        and rebuilds the normalised ``a`` on the fly: the dgrad GEMM applies the whole
-        RMSNorm backward in its epilogue and writes ``x_hat`` for the cuBLAS wgrad
-        (:mod:`helion_kernels.kernels.rmsnorm_matmul_backward`).
+        ``weight``, and in a given ``rstd`` (a returned, computed ``rstd`` is not). Without
+        ``rstd`` the backward saves ``a``, ``b`` and the fp32 ``rstd`` and rebuilds the
+        normalised ``a`` on the fly: the dgrad GEMM applies the whole RMSNorm backward in its
+        epilogue and writes ``x_hat`` for the cuBLAS wgrad
+        (:mod:`helion_kernels.kernels.rmsnorm_matmul_backward`). With ``rstd`` given, ``a``'s
+        gradient is only the scaled GEMM's; the norm's part reaches ``a`` through ``rstd``'s
+        own graph, so an ``rstd`` computed without autograd (detached, under ``no_grad``)
+        leaves it out. Once differentiable (no gradient of a gradient).
 
     Raises:
-        TypeError: non-tensor input, unsupported or mismatched dtypes.
+        TypeError: non-tensor input, unsupported or mismatched dtypes, an ``rstd`` that is
+            not fp32.
         ValueError: not 2-D, mismatched K, K = 0, weight not of shape [K], rstd not of
-            shape [M], negative eps, CPU tensors outside interpret modes, tensors on different
-            devices.
-        TypeError: also for an ``rstd`` that is not fp32.
+            shape [M], negative eps (checked even when ``rstd`` is given), CPU tensors outside
+            interpret modes, tensors on different devices.
     """
     op = "rmsnorm_matmul"
     checks.gemm_operands(op, a, b)
