@@ -2,9 +2,10 @@
 
 Per entry of every kernel of one GPU (``configs/<gpu>/*.json``): the search budget and the
 seconds Helion's search took (the verification and the seed and unfused timings after it add
-15-20 s per GEMM shape on the H200), how many configs Helion's search timed, the best hand-picked seed's time beside
-the final config's (``search_gain`` = seed / final: what the search added over the seeds;
-1.0 when it kept a seed), the tiling picked, and the dispatch decision. A second table sums
+15-20 s per GEMM shape on the H200), how many configs Helion's search timed, the best
+hand-picked seed's time beside the final config's (``search_gain`` = seed / final: what the
+search added over the seeds; two separate timings, so near 1.0, 0.98-1.0, when a seed was
+kept), the tiling picked, and the dispatch decision. A second table sums
 the search seconds per kernel and date: what a whole table's search took.
 
     python bench/tuning_report.py [--gpu nvidia_h200_sm90] [--since 2026-12-01]
@@ -98,8 +99,8 @@ def main() -> int:
         "- tuning_s: seconds of Helion's search (verification, seed and unfused timings add 15-20 s per GEMM shape);"
         " budget_s: Helion's autotune_budget_seconds; configs_timed: configs Helion's search timed",
         "- search_gain: best hand-picked seed's time / final config's time, two separate timings (CUDA-graph medians),"
-        f" so within {NOISE} of 1 it is noise (a kept seed shows 0.98-1.0); kept_seed: the best seed replaced a slower pick"
-        " of the search; empty where the entry predates these records",
+        f" so within {NOISE} of 1 it is noise (a kept seed shows 0.98-1.0); kept_seed: the best seed replaced the search's"
+        " pick, which timed slower (by 2% or more since that margin was added; the entry's search_ms); empty where the entry predates these records",
         "- tiling: block sizes, warps, stages, the first load's indexing, pid type; dispatch: the path the op runs"
         " there (fused kernel or unfused pipeline), where the kernel has a dispatcher",
         f"- totals: search_beat_seeds = entries whose search_gain exceeds {NOISE}; with_seed_time = entries that recorded"

@@ -176,7 +176,7 @@ def _print_committed(args: argparse.Namespace, spec) -> None:
                     picked = df.query(args.where)
                 except Exception:  # a column the file lacks
                     picked = df.iloc[:0]
-                df, note = (picked, "") if len(picked) else (df, " No committed row matches --where: all shown.")
+                df, note = (picked, "") if len(picked) else (df, "No committed row matches --where; all rows shown:")
             shown += 1
             table = _committed_summary(df, path, spec)
             saved = ("; saved_pct = % of the inductor norm's latency saved against cuBLAS + inductor norm"
@@ -185,7 +185,9 @@ def _print_committed(args: argparse.Namespace, spec) -> None:
             print("\n" + textwrap.fill(
                 f"Committed results measured on {gpu} ({dtypes}): {path.relative_to(_CHECKOUT)} (full table: "
                 f"{path.with_suffix('.md').name}). fused_ms = this kernel, best_unfused_ms = the fastest "
-                f"unfused pipeline, speedup = best_unfused_ms / fused_ms{saved}.{note}", WIDTH) + "\n")
+                f"unfused pipeline, speedup = best_unfused_ms / fused_ms{saved}.", WIDTH) + "\n")
+            if note:
+                print(note)
             print(table)
     if not shown:
         print("\n" + textwrap.fill(f"No committed GPU results of {spec.name} on the {args.workload} rows selected; "

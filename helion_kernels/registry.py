@@ -324,7 +324,9 @@ def _update(kernel: str, gpu: str, change, gpu_name: str | None) -> Path:
 # up to a power of two. H200, bf16 `matmul` (bench/results/nvidia_h200_sm90/variants/):
 # N up to 6.8% (config_transfer_matmul_prenorm_rmsnorm.md, 12 pairs), M up to 2.6%
 # (dynamic_m_K1024_N1024.md, 5 M's from 8192 to 262144), K up to 1.7% (the same transfer
-# file, 14 pairs). An attention key's (H, D) weigh alike.
+# file, 14 pairs). Provisional: one table, one timing per pair (about 1% noise), the N figure
+# from one pair (the other 11 within 1.2%), the M figure from one (K, N) and an entry that held
+# the pointer seed, not a config tuned at each M. An attention key's (H, D) weigh alike.
 GEMM_DISTANCE_WEIGHTS = Shape(M=0.5, K=0.25, N=1.0)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import helion
 import pytest
 import torch
 
@@ -156,3 +157,19 @@ def test_dispatch_needs_a_margin():
     assert tuning.dispatch_decision(1.0, tuning.DISPATCH_MARGIN, "x")["choice"] == "fused"
     assert tuning.dispatch_decision(1.0, 0.9, "x") == {"choice": "unfused", "fused_ms": 1.0, "unfused_ms": 0.9,
                                                        "unfused": "x", "margin": tuning.DISPATCH_MARGIN}
+
+
+def test_a_seed_replaces_the_search_pick_only_clearly_faster_and_different():
+    from helion_kernels.tuning import SEED_MARGIN, _same_config, prefer_seed
+
+    assert prefer_seed(1.06, 1.0, same=False)
+    assert not prefer_seed(1.01, 1.0, same=False)  # within the noise of two timings
+    assert not prefer_seed(1.5, 1.0, same=True)  # the pick is that seed
+    assert not prefer_seed(1.5, None, same=False)  # no seed ran
+    assert prefer_seed(SEED_MARGIN, 1.0, same=False)
+    seed = helion.Config(block_sizes=[128, 256, 64], num_warps=8, indexing="tensor_descriptor")
+    full = helion.Config(block_sizes=[128, 256, 64], num_warps=8, num_stages=3,
+                         indexing=["tensor_descriptor"] * 3, pid_type="flat")
+    assert _same_config(seed, full)
+    assert not _same_config(seed, helion.Config(**{**full.config, "indexing": ["tensor_descriptor", "pointer", "pointer"]}))
+    assert not _same_config(seed, helion.Config(**{**full.config, "num_warps": 4}))

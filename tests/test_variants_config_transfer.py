@@ -26,3 +26,9 @@ def test_vs_own_and_changed_dimension():
 
 def test_empty():
     assert config_transfer.transfer_table([]).empty
+
+
+def test_neighbours_are_counted_in_plain_factors_of_two():
+    from helion_kernels.spec import Shape
+
+    assert config_transfer.factors_of_two(Shape(64, 256, 256), Shape(128, 256, 1024)) == 3

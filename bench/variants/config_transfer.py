@@ -3,9 +3,10 @@
 Why: an untuned shape runs the nearest registry entry's config (``registry.nearest_entry``),
 so the distance that picks it should weigh each of M, K and N by what a config tuned there
 loses when that dimension changes. For every workload row this script times, at the row's
-shape, the config of every registry entry of the kernel within ``--max-distance``
-(``registry.shape_distance``: |log2| ratios of N, M and K weighted 1, 1/2 and 1/4, as the
-nearest-shape rule weighs them) and the row's own entry, all as the static kernel a call would
+shape, the config of every registry entry of the kernel within ``--max-distance`` factors of 2
+(the plain sum of |log2| ratios of M, K and N: this measures what the nearest-shape rule's
+weights should be, so it does not use them) and the row's own entry, each as a call would
+fit it (``runtime.resolve_entry``) on the static build, all as the static kernel a call would
 compile (fresh random bf16 inputs, CUDA-graph medians). ``vs_own`` is a neighbour's time
 over the row's own config's time (no own entry: over the best candidate's); ``d_M``, ``d_K``
 and ``d_N`` say which dimension differs and by how many factors of 2.
@@ -26,7 +27,8 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from helion_kernels import registry, workloads
+from helion_kernels import registry, runtime, workloads
+from helion_kernels.spec import Shape
 from helion_kernels.benchmark import RESULTS_DIR, write_table
 from helion_kernels.kernels import get_spec
 from helion_kernels.timing import time_ms
@@ -34,6 +36,11 @@ from helion_kernels.timing import time_ms
 
 def _log2_ratio(a: int, b: int) -> float:
     return round(math.log2(a / b), 3)
+
+
+def factors_of_two(a: Shape, b: Shape) -> float:
+    """Sum of |log2| ratios of M, K and N, unweighted."""
+    return sum(abs(math.log2(x / y)) for x, y in zip(a, b))
 
 
 def transfer_table(rows: list[dict]) -> pd.DataFrame:
@@ -63,8 +70,8 @@ def main() -> int:
                    help="GEMM workload table, the target shapes (default %(default)s)")
     p.add_argument("--where", default=None, help="pandas query selecting rows")
     p.add_argument("--max-distance", type=float, default=1.0,
-                   help="largest registry.shape_distance (weighted |log2| ratios: N 1, M 1/2, K 1/4) between "
-                        "an entry and a row (default %(default)s: one factor of 2 in N, 4 in M or 16 in K)")
+                   help="largest sum of |log2| ratios of M, K and N between an entry and a row, unweighted "
+                        "(default %(default)s: one factor of 2 in one dimension)")
     p.add_argument("--out", type=Path, default=None, help="folder (default: bench/results/<gpu>/variants/)")
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -82,15 +89,16 @@ def main() -> int:
     rows = []
     for problem in workloads.problems(table, "gemm"):
         shape = problem.key
-        near = [e for e in entries.values() if registry.shape_distance(e.shape, shape) <= args.max_distance]
+        near = [e for e in entries.values() if factors_of_two(e.shape, shape) <= args.max_distance]
         if len(near) < 2 and shape not in {e.shape for e in near}:
             continue
         call = spec.make_args(problem, torch.bfloat16, device, 0)
-        for entry in sorted(near, key=lambda e: registry.shape_distance(e.shape, shape)):
+        for entry in sorted(near, key=lambda e: factors_of_two(e.shape, shape)):
             kernel = helion.kernel(spec.kernel.fn, static_shapes=True)
             bound = kernel.bind(call)
             try:
-                bound.set_config(helion.Config(**entry.config))
+                source = "exact" if entry.shape == shape else "nearest"
+                bound.set_config(runtime.resolve_entry(spec, registry.Lookup(source, entry, gpu), call))
                 ms = time_ms(lambda: bound(*call))
                 note = ""
             except Exception as err:  # a config illegal at this shape is a result too
