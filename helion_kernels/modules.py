@@ -133,13 +133,25 @@ class RMSNormLinear(_NormLinearPair):
                                     dtype=dtype),
                          nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rstd: torch.Tensor | None = None) -> torch.Tensor:
+        """``linear(norm(x))``; ``rstd`` [...] fp32 (x's leading dims), when whatever produced
+        ``x`` already computed ``1 / sqrt(mean(x**2, -1) + eps)``: the GEMM then only scales its
+        epilogue (``rmsnorm_matmul(..., rstd=)``), and the norm's gradient flows through it.
+
+        Raises:
+            ValueError: ``rstd`` not of x's leading shape; the op's own errors otherwise.
+        """
         gemm_dtype, norm_dtype = _compute_dtypes(x, self.norm, "x")
         lead, k = x.shape[:-1], x.shape[-1]
+        if rstd is not None:
+            if not isinstance(rstd, torch.Tensor) or tuple(rstd.shape) != tuple(lead):
+                got = tuple(rstd.shape) if isinstance(rstd, torch.Tensor) else type(rstd).__name__
+                raise ValueError(f"RMSNormLinear: rstd must have x's leading shape {tuple(lead)}, got {got}")
+            rstd = rstd.reshape(-1)
         with torch.autocast(x.device.type, enabled=False):
             weight = self.linear.weight.to(gemm_dtype).t()  # [K, N] view of the [N, K] weight
             y = rmsnorm_matmul(x.reshape(-1, k).to(gemm_dtype), weight, self.norm.weight,
-                               _eps(self.norm, norm_dtype))
+                               _eps(self.norm, norm_dtype), rstd=rstd)
             if self.linear.bias is not None:
                 y = y + self.linear.bias.to(gemm_dtype)
         return y.reshape(*lead, y.shape[-1])

@@ -74,6 +74,31 @@ def test_matches_the_pair_forward_and_backward(kind, eps, dtype, bias):
 
 @ON_DEVICE
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rmsnorm_linear_with_the_producers_rstd(dtype):
+    """rstd computed by the block (the residual add) from x under autograd: the pair's output
+    and every gradient, through the given-rstd kernel."""
+    pair = _pair("RMSNormLinear", 48, 40, True, 1e-6, dtype, seed=4)
+    module = _module("RMSNormLinear", pair)
+    r, h = (torch.randn(3, 7, 48, device=DEVICE).to(dtype) for _ in range(2))
+    h.requires_grad_()
+    probe = torch.randn(3, 7, 40, device=DEVICE)
+    x = r + h
+    out = module(x, rstd=torch.rsqrt(x.float().square().mean(-1) + 1e-6))
+    (out.float() * probe).sum().backward()
+    ref_pair = _pair("RMSNormLinear", 48, 40, True, 1e-6, torch.float64, seed=4)
+    h64 = h.detach().double().requires_grad_()
+    ref = ref_pair(r.double() + h64)
+    (ref * probe.double()).sum().backward()
+    check_outputs(out, ref, dtype)
+    check_outputs([h.grad, module.norm.weight.grad, module.linear.weight.grad, module.linear.bias.grad],
+                  [h64.grad, ref_pair[0].weight.grad, ref_pair[1].weight.grad, ref_pair[1].bias.grad], dtype,
+                  tolerance=GRAD_TOLERANCE[dtype])
+    with pytest.raises(ValueError, match=r"rstd must have x's leading shape \(3, 7\), got \(21,\)"):
+        module(x, rstd=torch.ones(21, device=DEVICE))
+
+
+@ON_DEVICE
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("kind", ["RMSNormLinear", "LinearRMSNorm"])
 def test_eps_none_on_small_activations(kind, dtype):
     """``nn.RMSNorm(eps=None)`` adds the epsilon of the dtype rms_norm computes in (fp32 for
