@@ -103,6 +103,11 @@ def rms_x_hat(a: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
     return (_f32(a) * rstd[:, None]).to(a.dtype)
 
 
+def rms_rstd(a: torch.Tensor, eps: float) -> torch.Tensor:
+    """The rows' ``rstd = 1 / sqrt(mean(a**2, dim=1) + eps)`` [M] in fp32."""
+    return torch.rsqrt(a.float().pow(2).mean(dim=1) + eps)
+
+
 def given_rstd_dgrad(g: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(da in ``a.dtype``, drstd fp32) of ``c = (a * rstd[:, None]) @ b`` with ``rstd`` an
     input, from ``g = dc @ b^T`` (fp32): ``da = rstd * g``, ``drstd = sum_k(a * g)``."""

@@ -330,10 +330,11 @@ def _update(kernel: str, gpu: str, change, gpu_name: str | None) -> Path:
 GEMM_DISTANCE_WEIGHTS = Shape(M=0.5, K=0.25, N=1.0)
 
 
-def shape_distance(a: Shape | AttentionShape, b: Shape | AttentionShape) -> float:
-    """Weighted sum of |log2| ratios of M, K and N (:data:`GEMM_DISTANCE_WEIGHTS`), or the
-    plain sum over H and D."""
-    weights = GEMM_DISTANCE_WEIGHTS if isinstance(a, Shape) else (1.0,) * len(a)
+def shape_distance(a: Shape | AttentionShape, b: Shape | AttentionShape, weights: tuple | None = None) -> float:
+    """Weighted sum of |log2| ratios of M, K and N (``weights``, default
+    :data:`GEMM_DISTANCE_WEIGHTS`), or the plain sum over H and D."""
+    if weights is None:
+        weights = GEMM_DISTANCE_WEIGHTS if isinstance(a, Shape) else (1.0,) * len(a)
     return sum(w * abs(math.log2(x / y)) for w, x, y in zip(weights, a, b))
 
 

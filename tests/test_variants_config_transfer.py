@@ -31,4 +31,6 @@ def test_empty():
 def test_neighbours_are_counted_in_plain_factors_of_two():
     from helion_kernels.spec import Shape
 
-    assert config_transfer.factors_of_two(Shape(64, 256, 256), Shape(128, 256, 1024)) == 3
+    from helion_kernels import registry
+
+    assert registry.shape_distance(Shape(64, 256, 256), Shape(128, 256, 1024), config_transfer.UNWEIGHTED) == 3

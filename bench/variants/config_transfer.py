@@ -28,7 +28,6 @@ import pandas as pd
 import torch
 
 from helion_kernels import registry, runtime, workloads
-from helion_kernels.spec import Shape
 from helion_kernels.benchmark import RESULTS_DIR, write_table
 from helion_kernels.kernels import get_spec
 from helion_kernels.timing import time_ms
@@ -38,9 +37,8 @@ def _log2_ratio(a: int, b: int) -> float:
     return round(math.log2(a / b), 3)
 
 
-def factors_of_two(a: Shape, b: Shape) -> float:
-    """Sum of |log2| ratios of M, K and N, unweighted."""
-    return sum(abs(math.log2(x / y)) for x, y in zip(a, b))
+# Neighbours in plain factors of 2: this measures what the nearest-shape rule's weights should be.
+UNWEIGHTED = (1.0, 1.0, 1.0)
 
 
 def transfer_table(rows: list[dict]) -> pd.DataFrame:
@@ -89,11 +87,11 @@ def main() -> int:
     rows = []
     for problem in workloads.problems(table, "gemm"):
         shape = problem.key
-        near = [e for e in entries.values() if factors_of_two(e.shape, shape) <= args.max_distance]
+        near = [e for e in entries.values() if registry.shape_distance(e.shape, shape, UNWEIGHTED) <= args.max_distance]
         if len(near) < 2 and shape not in {e.shape for e in near}:
             continue
         call = spec.make_args(problem, torch.bfloat16, device, 0)
-        for entry in sorted(near, key=lambda e: factors_of_two(e.shape, shape)):
+        for entry in sorted(near, key=lambda e: registry.shape_distance(e.shape, shape, UNWEIGHTED)):
             kernel = helion.kernel(spec.kernel.fn, static_shapes=True)
             bound = kernel.bind(call)
             try:

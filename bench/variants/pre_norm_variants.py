@@ -34,6 +34,8 @@ import helion.language as hl
 import pandas as pd
 import torch
 
+# The rows' fp32 rstd of rmsnorm(a), as a producer's epilogue would write it.
+from helion_kernels.grads import rms_rstd as rstd_reference
 from helion_kernels.kernels.matmul import matmul_kernel, matmul_reference
 from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_reference
 # The shipped kernel is the row-block variant. The in-loop variant is the one shipped before
@@ -144,11 +146,6 @@ def _variants(shape: Shape):
         out += [("in_loop", name, in_loop), ("row_block", name, row_block),
                 ("prepass", name, prepass), ("scale_only", name, scale_only), ("matmul", name, matmul)]
     return out
-
-
-def rstd_reference(a: torch.Tensor, eps: float) -> torch.Tensor:
-    """The rows' fp32 rstd of ``rmsnorm(a)``."""
-    return torch.rsqrt(a.float().pow(2).mean(dim=1) + eps)
 
 
 def main(out_csv: str, shapes=(Shape(65536, 256, 256), Shape(65536, 1024, 1024)), variants=None,

@@ -31,6 +31,7 @@ import helion.language as hl
 import torch
 import torch.nn.functional as F
 
+from ..grads import rms_rstd, rms_x_hat
 from ..spec import KernelSpec, Shape, gemm_flops, gemm_min_bytes, gemm_shape, random_gemm_operands, reference_dtype
 from .matmul import (
     GEMM_DEFAULT_CONFIG,
@@ -108,11 +109,6 @@ def rmsnorm_matmul_given_rstd_reference(a: torch.Tensor, b: torch.Tensor, rstd: 
     return ((a.to(dt) * rstd.to(dt)[:, None]) @ b.to(dt),)
 
 
-def rms_rstd(a: torch.Tensor, eps: float = EPS) -> torch.Tensor:
-    """The rows' ``rstd = 1 / sqrt(mean(a**2, dim=1) + eps)`` [M] in fp32."""
-    return torch.rsqrt(a.float().pow(2).mean(dim=1) + eps)
-
-
 def rmsnorm_matmul_reference(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -158,14 +154,14 @@ def _baselines(a: torch.Tensor, b: torch.Tensor, eps: float) -> dict:
 
 def _make_args_given_rstd(shape: Shape, dtype: torch.dtype, device, seed: int | None) -> tuple:
     a, b = random_gemm_operands(shape, dtype, device, seed)
-    rstd = torch.empty(shape.M, dtype=torch.float32, device=device) if seed is None else rms_rstd(a)
+    rstd = torch.empty(shape.M, dtype=torch.float32, device=device) if seed is None else rms_rstd(a, EPS)
     return a, b, rstd
 
 
 def _baselines_given_rstd(a: torch.Tensor, b: torch.Tensor, rstd: torch.Tensor) -> dict:
     """The op's own unfused path with ``rstd`` given (the compiled row scaling, then cuBLAS),
     and the user's usual one (the compiled norm with its statistics, then cuBLAS)."""
-    scale = torch.compile(lambda x, r: (x.float() * r[:, None]).to(x.dtype), dynamic=False)
+    scale = torch.compile(rms_x_hat, dynamic=False)
     out = _baselines(a, b, EPS)
     out.update({"inductor_scale": lambda: scale(a, rstd),
                 "cublas+inductor_scale": lambda: torch.mm(scale(a, rstd), b)})

@@ -72,8 +72,8 @@ def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, eps: float,
 
 
 def _rms_norm_rstd(a: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    rstd = torch.rsqrt(a.float().pow(2).mean(dim=1) + eps)
-    return (a.float() * rstd[:, None]).to(a.dtype), rstd
+    rstd = grads.rms_rstd(a, eps)
+    return grads.rms_x_hat(a, rstd), rstd
 
 
 def _rmsnorm_matmul_fake(a, b, eps, fused):
