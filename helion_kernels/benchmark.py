@@ -359,7 +359,7 @@ def cpu_report(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype) ->
                 "tuned_at": "-" if found.entry is None else str(found.entry.shape),
                 "tuned_ms": found.entry.meta.get("latency_ms", math.nan) if found.source == "exact" else math.nan,
             }
-            static = spec.kernel.settings.static_shapes and not (spec.dynamic_m and found.source != "exact")
+            static = spec.kernel.settings.static_shapes and not runtime.uses_dynamic_build(spec, args, found.source)
             row["build"] = "static" if static else "dynamic"
             if spec.dispatch_baseline is not None:
                 row["runs"] = _dispatch(spec, key, dtype, found)

@@ -131,12 +131,21 @@ def dynamic_build(spec: KernelSpec):
     return kernel
 
 
+def uses_dynamic_build(spec: KernelSpec, args: tuple, source: str) -> bool:
+    """Whether a call runs :func:`dynamic_build`: a ``dynamic_m`` spec at a shape not tuned
+    exactly, with M >= 2. Helion 1.5's dynamic build treats a dimension of size 1 as a
+    broadcast and drops the row mask on stores into it (seen on the H200: the full-row
+    kernels' [1, N] ``product`` buffer received every row of the tile, the zero rows past M
+    included), and a size-1 M is compiled once in either build, so M = 1 keeps the static one."""
+    return spec.dynamic_m and source != "exact" and int(args[0].shape[0]) >= 2
+
+
 def _bound(spec: KernelSpec, args: tuple) -> tuple[Any, Resolved]:
     key = (spec.name, spec.kernel.specialization_key(args))
     hit = _BOUND.get(key)
     if hit is None:
         resolved = resolve(spec, args)
-        if spec.dynamic_m and resolved.source != "exact":
+        if uses_dynamic_build(spec, args, resolved.source):
             # Compiled once per config (Helion caches it on the bound kernel), not per M.
             run = dynamic_build(spec).bind(args).compile_config(resolved.config)
         else:

@@ -121,8 +121,8 @@ def tune_problem(
 
     t0 = time.perf_counter()
     seeds = ([helion.Config(**near.config)] if near is not None else []) + list(spec.seed_configs)
-    kernel = tuning_kernel(spec, seeds, dtype, options, progress_bar)
     args = spec.make_args(problem, dtype, device, options.seed)
+    kernel = tuning_kernel(spec, seeds, dtype, options, progress_bar, n_args=len(args))
     bound = kernel.bind(args)
     _LAST_SEARCH.clear()
     config = bound.autotune(args, force=options.force)
@@ -257,10 +257,11 @@ def entry_meta(latency: float, rel_error: float, options: TuneOptions, tune_seco
 
 
 def tuning_kernel(spec: KernelSpec, seeds: list, dtype: torch.dtype, options: TuneOptions,
-                  progress_bar: bool):
+                  progress_bar: bool, n_args: int):
     """``spec.kernel`` (same static_shapes) with Helion's autotuner settings from ``options``:
     seeded with ``seeds``, every candidate checked against ``spec.reference`` by
-    :func:`~.verify.check_outputs` at ``dtype``'s tolerance (after ``spec.compare_outputs``)."""
+    :func:`~.verify.check_outputs` at ``dtype``'s tolerance (after ``spec.compare_outputs``).
+    ``n_args``: how many arguments ``spec.make_args`` gives, the ones the reference takes."""
     return helion.kernel(
         spec.kernel.fn,
         static_shapes=spec.kernel.settings.static_shapes,
@@ -268,7 +269,7 @@ def tuning_kernel(spec: KernelSpec, seeds: list, dtype: torch.dtype, options: Tu
         autotune_budget_seconds=options.budget_seconds,
         autotune_seed_configs=seeds,
         autotune_random_seed=options.seed,
-        autotune_baseline_fn=spec.reference,
+        autotune_baseline_fn=functools.partial(_reference_on_call, reference=spec.reference, n_args=n_args),
         # Helion sends this hook to its benchmarking subprocesses: it must pickle, so it
         # carries the output transform (a module-level function), not the spec (whose
         # Helion kernel holds a lock).
@@ -276,6 +277,14 @@ def tuning_kernel(spec: KernelSpec, seeds: list, dtype: torch.dtype, options: Tu
                                                               dtype=dtype),
         autotune_progress_bar=progress_bar,
     )
+
+
+def _reference_on_call(*kernel_args, reference, n_args: int):
+    """Helion's baseline hook: it calls the baseline with the kernel's bound arguments,
+    defaults included (the full-row kernels' optional addends and ``product`` buffer, the
+    attention kernel's saved-output buffers), while a spec's reference takes what its
+    ``make_args`` gives: the first ``n_args``."""
+    return reference(*kernel_args[:n_args])
 
 
 def _accuracy_check(output, baseline, compare, dtype: torch.dtype) -> None:

@@ -14,16 +14,22 @@ from helion.runtime.kernel import BoundKernel
 import torch
 
 from helion_kernels import registry, runtime
-from helion_kernels.kernels import matmul, rmsnorm_matmul
+from helion_kernels.kernels import matmul, postnorm_full_row, rmsnorm_matmul
 from helion_kernels.ops._op import gemm_operand
 from helion_kernels.registry import ConfigFallbackWarning, Entry
 from helion_kernels.spec import Shape
 from helion_kernels.verify import check_outputs
 
-SPECS = {"matmul": matmul.SPEC, "rmsnorm_matmul": rmsnorm_matmul.SPEC}
+SPECS = {"matmul": matmul.SPEC, "rmsnorm_matmul": rmsnorm_matmul.SPEC,
+         "matmul_layernorm": postnorm_full_row.SPEC_LAYERNORM, "matmul_rmsnorm": postnorm_full_row.SPEC_RMSNORM}
 # Small pointer tilings the interpreter runs quickly (block_sizes in each kernel's loop order).
 CONFIGS = {"matmul": helion.Config(block_sizes=[16, 16, 16], num_warps=4, num_stages=1, indexing="pointer"),
            "rmsnorm_matmul": helion.Config(block_sizes=[16, 16, 16, 16], num_warps=4, num_stages=1,
+                                           indexing="pointer"),
+           # [N tile (raised to Npad), tile_m, tile_k]
+           "matmul_layernorm": helion.Config(block_sizes=[16, 16, 16], num_warps=4, num_stages=1,
+                                             indexing="pointer"),
+           "matmul_rmsnorm": helion.Config(block_sizes=[16, 16, 16], num_warps=4, num_stages=1,
                                            indexing="pointer")}
 TUNED = Shape(64, 48, 40)
 
@@ -115,3 +121,21 @@ def test_cuda_untuned_m_on_the_shipped_registry(name, transposed_b):
             if m >= 2:
                 runs.add(id(run))
     assert len(runs) == 1  # one compiled kernel (Triton may specialise it again inside for M % 16)
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("name", ["matmul_layernorm", "matmul_rmsnorm"])
+def test_single_row_runs_the_static_build(name, tuned):
+    """M = 1 keeps the static build: Helion's dynamic build treats the [1, N] ``product``
+    buffer's first dimension as a broadcast and stores every row of the tile into it (the
+    full-row ops' saved product at M = 1 was wrong on the H200)."""
+    spec = SPECS[name]
+    args = _args(name, Shape(1, 48, 40))
+    product = torch.full((1, 40), float("nan"))
+    call = (*args, None, None, product)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigFallbackWarning)
+        runtime.launch(spec, call)
+        run = runtime._bound(spec, call)[0]
+    torch.testing.assert_close(product, args[0] @ args[1], rtol=1e-4, atol=1e-4)
+    assert run.kernel is spec.kernel  # the static build

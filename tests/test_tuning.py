@@ -95,9 +95,31 @@ def test_tuning_settings_pickle(name):
     from helion_kernels.tuning import TuneOptions, tuning_kernel
 
     spec = get_spec(name)
-    kernel = tuning_kernel(spec, list(spec.seed_configs), torch.bfloat16, TuneOptions(), progress_bar=False)
+    kernel = tuning_kernel(spec, list(spec.seed_configs), torch.bfloat16, TuneOptions(), progress_bar=False,
+                           n_args=2)
     pickle.dumps(kernel.settings.autotune_baseline_accuracy_check_fn)
     pickle.dumps(kernel.settings.autotune_baseline_fn)
+
+
+@pytest.mark.parametrize("name", sorted(__import__("helion_kernels.kernels", fromlist=["CATALOG"]).CATALOG))
+def test_tuning_baseline_takes_the_kernels_bound_arguments(name):
+    """Helion calls the baseline with the kernel's arguments after binding, defaults included
+    (seen on the H200: every full-row tuning run failed with 'Custom baseline function failed'
+    once the kernels gained optional trailing tensors). The hook must give the reference's
+    outputs on them."""
+    from helion_kernels.kernels import get_spec
+    from helion_kernels.spec import AttentionRow, Shape
+    from helion_kernels.tuning import TuneOptions, tuning_kernel
+
+    spec = get_spec(name)
+    problem = Shape(8, 32, 16) if spec.workload == "gemm" else AttentionRow(2, 2, 16, 8, 8, 0.5, 0)
+    args = spec.make_args(problem, torch.float32, "cpu", 0)
+    kernel = tuning_kernel(spec, [], torch.float32, TuneOptions(), progress_bar=False, n_args=len(args))
+    got = kernel.settings.autotune_baseline_fn(*spec.kernel.normalize_args(*args))
+    want = spec.reference(*args)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
 def test_best_seed_skips_seeds_that_fail():

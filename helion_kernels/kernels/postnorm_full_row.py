@@ -384,6 +384,7 @@ SPEC_LAYERNORM = KernelSpec(
     gemm_twin="matmul",
     dispatch_baseline="cublas+inductor_norm",
     n_limit=max_full_row_n,
+    dynamic_m=True,
     portable_config=portable_config,
     fit_config=fit_shared_memory,
     call_config=functools.partial(with_call_slots, first_optional=5),
