@@ -148,11 +148,13 @@ class KernelSpec:
             are compared with the reference's (e.g. tile partials summed to a row total).
         n_limit: ``(dtype, device) -> int``, the largest N the kernel takes (the full-row
             kernels hold a whole row in one tile); past it the op runs unfused. None: any N.
-        dynamic_m: a call at a shape not tuned exactly runs a build of the kernel with dynamic
-            shapes (``static_shapes=False``), compiled once per config rather than once per M,
-            so a new token count costs no compile in the step
-            (``bench/variants/dynamic_m.py`` measured that build 0-4% slower than the static
-            one at the same config). Exactly tuned shapes keep the static build.
+        dynamic_m: a call at a shape not tuned exactly, with M >= 2, runs a build of the
+            kernel with dynamic shapes (``static_shapes=False``), compiled once per config
+            rather than once per M, so a new token count costs no compile in the step
+            (``bench/variants/dynamic_m.py`` on the H200: the GEMM and pre-norm builds 0-4%
+            slower than the static one at the same config, the full-row builds 1-7% at M >=
+            65536 and 6-14% at M = 8192, where the kernel takes 5 us). Exactly tuned shapes and M = 1 keep the static build
+            (:func:`~.runtime.uses_dynamic_build`).
     """
 
     name: str

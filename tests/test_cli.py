@@ -71,9 +71,9 @@ def test_bench_without_gpu_prints_the_selected_committed_rows(capsys):
     main(["bench", "--kernel", "rmsnorm_matmul", "--workload", "prenorm_rmsnorm", "--where", "M == 65536 and K == 1024"])
     out = capsys.readouterr().out
     assert "65536x1024x512" in out and "65536x256x256" not in out and "all shown" not in out
-    main(["bench", "--kernel", "rmsnorm_matmul_given_rstd", "--workload", "prenorm_rmsnorm", "--where", "M == 65536 and K == 1024"])
+    main(["bench", "--kernel", "rmsnorm_matmul_backward", "--workload", "prenorm_rmsnorm", "--where", "M == 65536 and K == 1024"])
     out = capsys.readouterr().out
-    assert "No committed GPU results of rmsnorm_matmul_given_rstd" in " ".join(out.split())
+    assert "No committed GPU results of rmsnorm_matmul_backward" in " ".join(out.split())
 
 
 @pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only

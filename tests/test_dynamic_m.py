@@ -83,7 +83,8 @@ def test_exact_shape_static_other_m_dynamic_compiled_once(name, tuned):
 
 @pytest.mark.triton_interpret
 @pytest.mark.parametrize("name", list(SPECS))
-def test_dynamic_build_reads_the_transposed_weight_and_single_rows(name, tuned):
+def test_untuned_shapes_read_the_transposed_weight_and_single_rows(name, tuned):
+    """Both layouts of ``b`` at an untuned M: 37 on the dynamic build, 1 on the static one."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConfigFallbackWarning)
         for m in (1, 37):

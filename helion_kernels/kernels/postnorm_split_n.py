@@ -162,7 +162,8 @@ def _spec(base: KernelSpec, name: str, kernel: helion.Kernel) -> KernelSpec:
     """The full-row spec ``base`` (same arguments, reference and baselines) for ``kernel``."""
     return dataclasses.replace(base, name=name, kernel=kernel, default_config=_DEFAULT,
                                seed_configs=_SEEDS, technique=_TECHNIQUE, portable_config=None,
-                               fit_config=None, call_config=None, n_limit=None)
+                               fit_config=None, call_config=None, n_limit=None,
+                               dynamic_m=False)  # its dynamic build is not measured
 
 
 SPEC_LAYERNORM = _spec(_full_row.SPEC_LAYERNORM, "matmul_layernorm_split_n",
