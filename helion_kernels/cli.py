@@ -158,9 +158,27 @@ def _committed_summary(df, path: Path, spec) -> str:
     return out.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 
+def _retuned_since(df, path: Path, spec, gpu: str):
+    """Per row of a committed result table: whether its registry entry was tuned after the
+    benchmark ran (the file's JSON ``date``), so the committed times are not the shipped
+    config's; None where the file or its rows do not say (no date, no M/K/N/dtype columns)."""
+    import json
+
+    meta = path.with_suffix(".json")
+    date = json.loads(meta.read_text()).get("date") if meta.is_file() else None
+    if not date or not {"M", "K", "N", "dtype"} <= set(df.columns):
+        return None
+    entries = registry.entries_for(spec.name, gpu)
+    tuned = [getattr(entries.get((int(r.M), int(r.K), int(r.N), r.dtype)), "meta", {}).get("tuned_at", "")
+             for r in df.itertuples()]
+    return [t > date for t in tuned], date
+
+
 def _print_committed(args: argparse.Namespace, spec) -> None:
     """The committed GPU results of this kernel and workload, compactly."""
     import pandas as pd
+
+    from .benchmark import row_labels
 
     results = _CHECKOUT / "bench" / "results"
     shown = 0
@@ -189,6 +207,13 @@ def _print_committed(args: argparse.Namespace, spec) -> None:
             if note:
                 print(note)
             print(table)
+            retuned = _retuned_since(df, path, spec, gpu)
+            if retuned is not None and any(retuned[0]):
+                rows = [label for label, newer in zip(row_labels(df), retuned[0]) if newer]
+                print("\n" + textwrap.fill(
+                    f"Re-tuned since this benchmark ({retuned[1][:10]}): {', '.join(rows)}. The registry's "
+                    "config and fused/unfused decision there are newer than these times (see the tuning "
+                    f"report, bench/results/{gpu}/tuning_report.md); a benchmark on a GPU measures them.", WIDTH))
     if not shown:
         print("\n" + textwrap.fill(f"No committed GPU results of {spec.name} on the {args.workload} rows selected; "
                                    "the measured variants and diagnostics are listed in bench/results/README.md.", WIDTH))

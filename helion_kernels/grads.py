@@ -46,15 +46,40 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 @functools.cache
 def _inductor(fn):
-    return torch.compile(fn, dynamic=None)  # a new M recompiles once, then stays dynamic
+    return torch.compile(fn, dynamic=None)
+
+
+def widths_static(args: tuple) -> tuple:
+    """``args`` with every size marked static for ``torch.compile`` except the rows (a
+    dimension 0 of ``args[0]``'s length: M, a batch's token count, which may change between
+    steps). Widths (N, K, a weight's length) never change for a given layer.
+
+    With ``dynamic=None`` inductor compiles for the first shape and, at the next M, once more
+    with what changed made symbolic: M, but unmarked also N when another layer of another
+    width calls the same function, which turns its one-pass row reduction into a loop. (And
+    ``dynamic=False`` compiles once per M until dynamo's recompile limit, 8, sends the
+    function to eager.) The marks go on aliases (``detach``), not on the caller's tensors.
+    """
+    m = args[0].shape[0]
+    marked = []
+    for t in args:
+        if isinstance(t, torch.Tensor) and t.dim() > 0:
+            t = t.detach()
+            for dim in range(t.dim()):
+                if dim > 0 or t.shape[0] != m:
+                    torch._dynamo.mark_static(t, dim)
+        marked.append(t)
+    return tuple(marked)
 
 
 def run_compiled(fn, *args):
     """``fn(*args)``, compiled by inductor on CUDA when called eagerly (one fused pass instead
-    of a dozen fp32 kernels); traced as it is while ``torch.compile`` traces the caller (the
-    caller's graph compiles it) and eager on a CPU."""
+    of a dozen fp32 kernels): per set of widths and dtypes, once for the first M and once more
+    for every other M >= 2 (:func:`widths_static`); traced as it is while ``torch.compile`` traces the caller (the
+    caller's graph compiles it) and eager on a CPU. ``fn`` computes, it is not differentiated
+    through (its callers are backward formulas and custom ops' bodies)."""
     if args[0].is_cuda and not tracing(args):
-        return _inductor(fn)(*args)
+        return _inductor(fn)(*widths_static(args))
     return fn(*args)
 
 

@@ -176,3 +176,28 @@ def test_cpu_report_says_what_a_full_row_op_runs(capsys):
     out = capsys.readouterr().out
     assert rc == 0 and re.search(r"262144 +512 +4096 .* unfused \(N > 2048\) +ok", out)
     assert max(len(line) for line in out.splitlines()) <= 120
+
+
+@pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
+def test_committed_rows_re_tuned_since_the_benchmark_are_named(registry_dir, tmp_path):
+    """A committed result row whose registry entry is newer than the benchmark is flagged (its
+    times are not the shipped config's); older entries, rows without entries, and a file
+    without a date are not."""
+    import json
+
+    import pandas as pd
+
+    from helion_kernels.cli import _retuned_since
+    from helion_kernels.kernels import get_spec
+
+    spec = get_spec("matmul_rmsnorm")
+    cfg = helion.Config(block_sizes=[16, 64, 64], num_warps=4, num_stages=3)
+    for shape, tuned_at in ((Shape(64, 64, 64), "2026-12-01T22:43:30+00:00"),
+                            (Shape(64, 128, 128), "2026-11-29T10:00:00+00:00")):
+        registry.save_entry(spec.name, "g_sm90", registry.Entry(shape, "bfloat16", cfg, {"tuned_at": tuned_at}))
+    df = pd.DataFrame({"M": [64, 64, 64], "K": [64, 128, 256], "N": [64, 128, 256], "dtype": ["bfloat16"] * 3})
+    path = tmp_path / "result.csv"
+    path.with_suffix(".json").write_text(json.dumps({"date": "2026-11-30T01:52:54+00:00"}))
+    assert _retuned_since(df, path, spec, "g_sm90") == ([True, False, False], "2026-11-30T01:52:54+00:00")
+    path.with_suffix(".json").write_text(json.dumps({}))
+    assert _retuned_since(df, path, spec, "g_sm90") is None

@@ -9,14 +9,12 @@ unfused path; :mod:`.split_n` has the fused ops for any N.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
-from .. import checks, runtime
-from ..kernels.limits import check_full_row_n, max_full_row_n
+from .. import checks, grads, runtime
 from ..grads import postnorm_grads
+from ..kernels.limits import check_full_row_n, max_full_row_n
 from ._op import Op, filled, gemm_operand, records_grad
 
 _kernels = runtime.LazyModule("helion_kernels.kernels.postnorm_full_row")
@@ -95,15 +93,10 @@ def _rms_norm_stats(x, weight, eps):
     return (y if weight is None else y * weight.float()).to(x.dtype), rstd
 
 
-@functools.cache
-def _inductor(fn):
-    """``fn`` compiled by inductor once per process (it then specializes per shape)."""
-    return torch.compile(fn, dynamic=False)
-
-
 def _unfused_norm(fn, x: torch.Tensor, *params):
-    """The standalone norm of the unfused path: inductor-compiled on CUDA, eager elsewhere."""
-    return (_inductor(fn) if x.is_cuda else fn)(x, *params)
+    """The standalone norm of the unfused path: inductor-compiled on CUDA, once for every M
+    (:func:`~helion_kernels.grads.run_compiled`), eager elsewhere."""
+    return grads.run_compiled(fn, x, *params)
 
 
 def _like(param: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:

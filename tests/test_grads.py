@@ -1,0 +1,45 @@
+"""Helpers of :mod:`helion_kernels.grads` that the unfused paths and the backward passes share."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+from helion_kernels import grads
+from helion_kernels.ops import postnorm
+
+
+def test_widths_static_compiles_once_per_width_after_the_first_m():
+    """What ``run_compiled`` gives inductor on a GPU, checked with dynamo's eager backend (the
+    marks, not the code generator, decide when it compiles): one graph for the first M, one
+    for every other M, and a new N one new graph (N stays static; M is already known to vary),
+    right results, the caller's tensors unmarked."""
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(postnorm._rms_norm_stats, backend="eager", dynamic=None)
+    graphs = []
+    for n in (40, 64, 80):
+        weight = torch.randn(n)
+        for m in (2, 3, 37, 100, 17, 5, 65, 1000, 9):  # not 64: a weight of that length reads as rows
+            x = torch.randn(m, n)
+            y, rstd = compiled(*grads.widths_static((x, weight, 1e-5)))
+            torch.testing.assert_close(y, F.rms_norm(x, (n,), weight, 1e-5))
+            torch.testing.assert_close(rstd, torch.rsqrt(x.pow(2).mean(dim=1) + 1e-5))
+            assert not hasattr(weight, "_dynamo_static_indices") and not hasattr(x, "_dynamo_static_indices")
+        graphs.append(counters["stats"]["unique_graphs"])
+    # 9 M's at each of three N's: 2 graphs, then 1 more per N (dynamic=False: 27; unmarked
+    # dynamic=None: [2, 3, 3], the third graph with N symbolic and reused for every later N)
+    assert graphs == [2, 3, 4]
+    torch._dynamo.reset()
+
+
+def test_widths_static_marks_all_but_the_rows():
+    x, rstd, weight, b = torch.randn(6, 4), torch.randn(6), torch.randn(4), torch.randn(4, 3)
+    marked = grads.widths_static((x, rstd, weight, b, 1e-5, None, "rms"))
+    assert marked[4:] == (1e-5, None, "rms")
+    assert all(t is not s and t.data_ptr() == s.data_ptr() for t, s in zip(marked[:4], (x, rstd, weight, b)))
+    assert marked[0]._dynamo_static_indices == {1}
+    assert not hasattr(marked[1], "_dynamo_static_indices")  # [M]: rows only
+    assert marked[2]._dynamo_static_indices == {0}
+    assert marked[3]._dynamo_static_indices == {0, 1}  # a [K, N] weight: no rows
