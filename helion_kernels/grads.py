@@ -50,23 +50,26 @@ def _inductor(fn):
 
 
 def widths_static(args: tuple) -> tuple:
-    """``args`` with every size marked static for ``torch.compile`` except the rows (a
-    dimension 0 of ``args[0]``'s length: M, a batch's token count, which may change between
-    steps). Widths (N, K, a weight's length) never change for a given layer.
+    """``args`` with every size marked static for ``torch.compile`` except the rows: any
+    dimension of ``args[0]``'s first dimension's length (M, a batch's token count, which may
+    change between steps: the rows of an [M, N] tensor, an [M] rstd, the last dimension of the
+    attention's [3, M] statistics). Widths (N, K, a weight's length) never change for a layer.
 
     With ``dynamic=None`` inductor compiles for the first shape and, at the next M, once more
     with what changed made symbolic: M, but unmarked also N when another layer of another
     width calls the same function, which turns its one-pass row reduction into a loop. (And
     ``dynamic=False`` compiles once per M until dynamo's recompile limit, 8, sends the
     function to eager.) The marks go on aliases (``detach``), not on the caller's tensors.
+    Rows are told by length: a width that happens to equal M is left unmarked like the rows,
+    which can cost one more compile (the results are the same).
     """
     m = args[0].shape[0]
     marked = []
     for t in args:
         if isinstance(t, torch.Tensor) and t.dim() > 0:
             t = t.detach()
-            for dim in range(t.dim()):
-                if dim > 0 or t.shape[0] != m:
+            for dim, size in enumerate(t.shape):
+                if size != m:
                     torch._dynamo.mark_static(t, dim)
         marked.append(t)
     return tuple(marked)

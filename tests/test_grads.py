@@ -35,11 +35,30 @@ def test_widths_static_compiles_once_per_width_after_the_first_m():
 
 
 def test_widths_static_marks_all_but_the_rows():
-    x, rstd, weight, b = torch.randn(6, 4), torch.randn(6), torch.randn(4), torch.randn(4, 3)
-    marked = grads.widths_static((x, rstd, weight, b, 1e-5, None, "rms"))
-    assert marked[4:] == (1e-5, None, "rms")
-    assert all(t is not s and t.data_ptr() == s.data_ptr() for t, s in zip(marked[:4], (x, rstd, weight, b)))
+    """Every dimension of M's length is left to vary, wherever it is (the attention's [3, M]
+    statistics); every other one is static."""
+    x, rstd, weight, b, stats = torch.randn(6, 4), torch.randn(6), torch.randn(4), torch.randn(4, 3), torch.randn(3, 6)
+    marked = grads.widths_static((x, rstd, weight, b, stats, 1e-5, None, "rms"))
+    assert marked[5:] == (1e-5, None, "rms")
+    assert all(t is not s and t.data_ptr() == s.data_ptr() for t, s in zip(marked[:5], (x, rstd, weight, b, stats)))
     assert marked[0]._dynamo_static_indices == {1}
     assert not hasattr(marked[1], "_dynamo_static_indices")  # [M]: rows only
     assert marked[2]._dynamo_static_indices == {0}
     assert marked[3]._dynamo_static_indices == {0, 1}  # a [K, N] weight: no rows
+    assert marked[4]._dynamo_static_indices == {0}  # [3, M]
+
+
+def test_widths_static_lets_jagged_totals_vary():
+    """The attention's backward pass: rows [T, W] and statistics [3, T], with T (the jagged
+    batch's total) new at every step, compile twice, not once per T."""
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(grads.fna_input_backward, backend="eager", dynamic=None)
+    width = 8
+    ln_weight = torch.randn(width)
+    for total in (5, 9, 30, 17, 64, 3):
+        rows = [torch.randn(total, width) for _ in range(4)]
+        stats = torch.rand(3, total) + 0.5
+        compiled(*grads.widths_static((*rows, stats, ln_weight, True, True)))
+    assert counters["stats"]["unique_graphs"] == 2
+    torch._dynamo.reset()
