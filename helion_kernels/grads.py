@@ -61,7 +61,9 @@ def widths_static(args: tuple) -> tuple:
     ``dynamic=False`` compiles once per M until dynamo's recompile limit, 8, sends the
     function to eager.) The marks go on aliases (``detach``), not on the caller's tensors.
     Rows are told by length: a width that happens to equal M is left unmarked like the rows,
-    which can cost one more compile (the results are the same).
+    which can cost one more compile (the results are the same). Each width (and dtype) is a
+    graph of its own, and dynamo compiles at most 8 per function (``recompile_limit``), past
+    which that pass runs eagerly: a process that calls one pass at more than about 6 widths.
     """
     m = args[0].shape[0]
     marked = []
