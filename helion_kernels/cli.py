@@ -159,19 +159,34 @@ def _committed_summary(df, path: Path, spec) -> str:
 
 
 def _retuned_since(df, path: Path, spec, gpu: str):
-    """Per row of a committed result table: whether its registry entry was tuned after the
-    benchmark ran (the file's JSON ``date``), so the committed times are not the shipped
-    config's; None where the file or its rows do not say (no date, no M/K/N/dtype columns)."""
+    """Per row of a committed result table: whether the registry entry at exactly its shape
+    was tuned after the benchmark ran (the file's JSON ``date``), so the committed times are
+    not the config a call runs there; with the date. None where the file does not say (no
+    date, no M/K/N/dtype columns). The registry is the merged one (a user's own re-tune counts)."""
+    import datetime
     import json
 
+    def when(text):
+        try:
+            return datetime.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+        except ValueError:
+            return None
+
     meta = path.with_suffix(".json")
-    date = json.loads(meta.read_text()).get("date") if meta.is_file() else None
-    if not date or not {"M", "K", "N", "dtype"} <= set(df.columns):
+    info = json.loads(meta.read_text()) if meta.is_file() else None
+    date = when(info.get("date")) if isinstance(info, dict) else None
+    if date is None or not {"M", "K", "N", "dtype"} <= set(df.columns):
         return None
     entries = registry.entries_for(spec.name, gpu)
-    tuned = [getattr(entries.get((int(r.M), int(r.K), int(r.N), r.dtype)), "meta", {}).get("tuned_at", "")
-             for r in df.itertuples()]
-    return [t > date for t in tuned], date
+    newer = []
+    for r in df.itertuples():
+        try:
+            entry = entries.get((int(r.M), int(r.K), int(r.N), r.dtype))
+        except (TypeError, ValueError):  # a row without a shape
+            entry = None
+        tuned = when(entry.meta.get("tuned_at")) if entry is not None else None
+        newer.append(tuned is not None and tuned > date)
+    return newer, info["date"]
 
 
 def _print_committed(args: argparse.Namespace, spec) -> None:

@@ -61,9 +61,9 @@ def widths_static(args: tuple) -> tuple:
     ``dynamic=False`` compiles once per M until dynamo's recompile limit, 8, sends the
     function to eager.) The marks go on aliases (``detach``), not on the caller's tensors.
     Rows are told by length: a width that happens to equal M is left unmarked like the rows,
-    which can cost one more compile (the results are the same). Each width (and dtype) is a
-    graph of its own, and dynamo compiles at most 8 per function (``recompile_limit``), past
-    which that pass runs eagerly: a process that calls one pass at more than about 6 widths.
+    which can cost one more compile (the results are the same). Each width is a graph of its
+    own, times each dtype, each pattern of None arguments and each flag value, so
+    :func:`call_compiled` raises dynamo's per-function recompile limit (8) for these calls.
     """
     m = args[0].shape[0]
     marked = []
@@ -77,6 +77,19 @@ def widths_static(args: tuple) -> tuple:
     return tuple(marked)
 
 
+# Graphs one compiled pass may hold (dynamo's default is 8 per function, past which it runs
+# eagerly): widths x dtypes x None patterns x flags of one process, e.g. the post-norm row
+# backward at 2 widths, both norms and both bias flags already needs 8.
+RECOMPILE_LIMIT = 64
+
+
+def call_compiled(compiled, args: tuple):
+    """``compiled(*widths_static(args))`` with dynamo's per-function recompile limit raised to
+    :data:`RECOMPILE_LIMIT` while it runs (the limit is read when a call compiles)."""
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        return compiled(*widths_static(args))
+
+
 def run_compiled(fn, *args):
     """``fn(*args)``, compiled by inductor on CUDA when called eagerly (one fused pass instead
     of a dozen fp32 kernels): per set of widths and dtypes, once for the first M and once more
@@ -84,7 +97,7 @@ def run_compiled(fn, *args):
     caller's graph compiles it) and eager on a CPU. ``fn`` computes, it is not differentiated
     through (its callers are backward formulas and custom ops' bodies)."""
     if args[0].is_cuda and not tracing(args):
-        return _inductor(fn)(*widths_static(args))
+        return call_compiled(_inductor(fn), args)
     return fn(*args)
 
 

@@ -195,9 +195,13 @@ def test_committed_rows_re_tuned_since_the_benchmark_are_named(registry_dir, tmp
     for shape, tuned_at in ((Shape(64, 64, 64), "2026-12-01T22:43:30+00:00"),
                             (Shape(64, 128, 128), "2026-11-29T10:00:00+00:00")):
         registry.save_entry(spec.name, "g_sm90", registry.Entry(shape, "bfloat16", cfg, {"tuned_at": tuned_at}))
-    df = pd.DataFrame({"M": [64, 64, 64], "K": [64, 128, 256], "N": [64, 128, 256], "dtype": ["bfloat16"] * 3})
+    df = pd.DataFrame({"M": [64, 64, 64, float("nan")], "K": [64, 128, 256, 64], "N": [64, 128, 256, 64],
+                       "dtype": ["bfloat16"] * 4})
     path = tmp_path / "result.csv"
     path.with_suffix(".json").write_text(json.dumps({"date": "2026-11-30T01:52:54+00:00"}))
-    assert _retuned_since(df, path, spec, "g_sm90") == ([True, False, False], "2026-11-30T01:52:54+00:00")
-    path.with_suffix(".json").write_text(json.dumps({}))
-    assert _retuned_since(df, path, spec, "g_sm90") is None
+    assert _retuned_since(df, path, spec, "g_sm90") == ([True, False, False, False], "2026-11-30T01:52:54+00:00")
+    path.with_suffix(".json").write_text(json.dumps({"date": "2026-12-01T23:00:00+01:00"}))  # 22:00 UTC
+    assert _retuned_since(df, path, spec, "g_sm90")[0] == [True, False, False, False]  # times, not strings
+    for meta in ({}, []):
+        path.with_suffix(".json").write_text(json.dumps(meta))
+        assert _retuned_since(df, path, spec, "g_sm90") is None

@@ -23,7 +23,7 @@ def test_widths_static_compiles_once_per_width_after_the_first_m():
         weight = torch.randn(n)
         for m in (2, 3, 37, 100, 17, 5, 65, 1000, 9):  # not 64: a weight of that length reads as rows
             x = torch.randn(m, n)
-            y, rstd = compiled(*grads.widths_static((x, weight, 1e-5)))
+            y, rstd = grads.call_compiled(compiled, (x, weight, 1e-5))
             torch.testing.assert_close(y, F.rms_norm(x, (n,), weight, 1e-5))
             torch.testing.assert_close(rstd, torch.rsqrt(x.pow(2).mean(dim=1) + 1e-5))
             assert not hasattr(weight, "_dynamo_static_indices") and not hasattr(x, "_dynamo_static_indices")
@@ -59,6 +59,18 @@ def test_widths_static_lets_jagged_totals_vary():
     for total in (5, 9, 30, 17, 64, 3):
         rows = [torch.randn(total, width) for _ in range(4)]
         stats = torch.rand(3, total) + 0.5
-        compiled(*grads.widths_static((*rows, stats, ln_weight, True, True)))
+        grads.call_compiled(compiled, (*rows, stats, ln_weight, True, True))
     assert counters["stats"]["unique_graphs"] == 2
+    torch._dynamo.reset()
+
+
+def test_call_compiled_holds_more_graphs_than_dynamos_default():
+    """Twelve widths, each its own graph, all compiled (dynamo's default limit of 8 per
+    function would run the last ones eagerly)."""
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(postnorm._rms_norm_stats, backend="eager", dynamic=None)
+    for n in range(8, 8 + 12):
+        grads.call_compiled(compiled, (torch.randn(4, n), torch.randn(n), 1e-5))
+    assert counters["stats"]["unique_graphs"] == 12  # without the raised limit: 8
     torch._dynamo.reset()
