@@ -93,9 +93,9 @@ def call_compiled(compiled, args: tuple):
 def run_compiled(fn, *args):
     """``fn(*args)``, compiled by inductor on CUDA when called eagerly (one fused pass instead
     of a dozen fp32 kernels): per set of widths and dtypes, once for the first M and once more
-    for every other M >= 2 (:func:`widths_static`); traced as it is while ``torch.compile`` traces the caller (the
-    caller's graph compiles it) and eager on a CPU. ``fn`` computes, it is not differentiated
-    through (its callers are backward formulas and custom ops' bodies)."""
+    for every other M >= 2 (:func:`widths_static`); traced as it is while ``torch.compile``
+    traces the caller (the caller's graph compiles it) and eager on a CPU. ``fn`` computes, it
+    is not differentiated through (its callers are backward formulas and custom ops' bodies)."""
     if args[0].is_cuda and not tracing(args):
         return call_compiled(_inductor(fn), args)
     return fn(*args)

@@ -31,9 +31,9 @@ Lookup (:func:`lookup`) for a call at a key, dtype and GPU:
    other amounts of shared memory), the one with the smallest
    ``|log2(M/M')| / 2 + |log2(K/K')| / 4 + |log2(N/N')|`` (:data:`GEMM_DISTANCE_WEIGHTS`:
    N matters most to what a config loses at another shape, K least, as measured on the
-   H200; over H and D unweighted), ties to the larger shape. A GPU with no entries of its own for the kernel uses those of another GPU
-   of the same architecture (``..._sm90``), always as *nearest*, so the caller still fits
-   the config to its device;
+   H200; over H and D unweighted), ties to the larger shape. A GPU with no entries of its
+   own for the kernel uses those of another GPU of the same architecture (``..._sm90``),
+   always as *nearest*, so the caller still fits the config to its device;
 3. **default**: the kernel's conservative default config.
 
 Cases 2 and 3 warn with :class:`ConfigFallbackWarning`, naming the ``autotune`` command for

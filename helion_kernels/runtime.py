@@ -5,9 +5,9 @@ The bound, compiled kernel is cached per specialization (shapes, strides, dtypes
 so the registry is read once per shape per process: configs tuned by another process are
 seen after :func:`clear_cache` or a restart. A spec with ``dynamic_m`` runs a shape that is
 not tuned exactly, with M >= 2, on its kernel's dynamic-shape build (:func:`dynamic_build`,
-:func:`uses_dynamic_build`), compiled once per config, so a new M costs a registry lookup rather
-than a compile. In Helion's reference mode
-(``HELION_INTERPRET=1``) configs do not apply and the kernel runs eagerly.
+:func:`uses_dynamic_build`), compiled once per config, so a new M costs a registry lookup
+rather than a compile. In Helion's reference mode (``HELION_INTERPRET=1``) configs do not
+apply and the kernel runs eagerly.
 
 Kernel modules are imported by their first launch (through :class:`LazyModule`), not with
 the package: ``import helion`` takes seconds, and a model that imports helion_kernels but

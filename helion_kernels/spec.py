@@ -153,8 +153,8 @@ class KernelSpec:
             rather than once per M, so a new token count costs no compile in the step
             (``bench/variants/dynamic_m.py`` on the H200: the GEMM and pre-norm builds 0-4%
             slower than the static one at the same config, the full-row builds 1-7% at M >=
-            65536 and 6-14% at M = 8192, where the kernel takes 5 us). Exactly tuned shapes and M = 1 keep the static build
-            (:func:`~.runtime.uses_dynamic_build`).
+            65536 and 6-14% at M = 8192, where the kernel takes 5 us). Exactly tuned shapes
+            and M = 1 keep the static build (:func:`~.runtime.uses_dynamic_build`).
     """
 
     name: str
