@@ -60,7 +60,7 @@ def report(folder: Path) -> pd.DataFrame:
                 "kernel": path.stem, "shape": "x".join(map(str, entry.shape)), "dtype": entry.dtype,
                 "tuned_at": str(entry.meta.get("tuned_at", ""))[:10],
                 "budget_s": tune.get("budget_seconds"), "tuning_s": tune.get("seconds"),
-                "configs_timed": tune.get("configs_tested"),
+                "configs_timed": tune.get("configs_tested"), "generations": tune.get("generations"),
                 "best_seed_ms": seed_ms, "final_ms": final_ms,
                 "search_gain": round(seed_ms / final_ms, 3) if seed_ms and final_ms else None,
                 "kept_seed": tune.get("kept_seed"),
@@ -97,7 +97,10 @@ def main() -> int:
         f"# Tuning cost and gain per registry entry ({args.gpu})", "",
         f"- command: `python bench/tuning_report.py --gpu {args.gpu}{since}` (from the committed registry)",
         "- tuning_s: seconds of Helion's search (verification, seed and unfused timings add 15-20 s per GEMM shape);"
-        " budget_s: Helion's autotune_budget_seconds; configs_timed: configs Helion's search timed",
+        " budget_s: Helion's autotune_budget_seconds; configs_timed: configs Helion's search timed;"
+        " generations: search generations Helion started past its first population, one the budget cut off included"
+        " (0: it timed only the seeds, the default and Helion's cached configs; empty where the entry predates"
+        " this record)",
         "- search_gain: best hand-picked seed's time / final config's time, two separate timings (CUDA-graph medians),"
         f" so within {NOISE} of 1 it is noise (a kept seed shows 0.98-1.0); kept_seed: the best seed replaced the search's"
         " pick, which timed slower (by 2% or more since that margin was added; the entry's search_ms); empty where the entry predates these records",

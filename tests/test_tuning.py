@@ -147,8 +147,10 @@ def test_search_counts_come_from_helions_hook():
     from helion_kernels import tuning
 
     tuning._LAST_SEARCH.clear()
-    _run_post_autotune_hooks(AutotuneMetrics(num_configs_tested=17, num_compile_failures=2, num_accuracy_failures=1))
-    assert tuning._LAST_SEARCH == {"configs_tested": 17, "compile_failures": 2, "accuracy_failures": 1}
+    _run_post_autotune_hooks(AutotuneMetrics(num_configs_tested=17, num_generations=2, num_compile_failures=2,
+                                              num_accuracy_failures=1))
+    assert tuning._LAST_SEARCH == {"configs_tested": 17, "generations": 2, "compile_failures": 2,
+                                   "accuracy_failures": 1}
 
 
 GEMM_OPS = [name for name, entry in CATALOG.items() if entry.workload == "gemm"]
