@@ -2,7 +2,7 @@
 
 Per entry of every kernel of one GPU (``configs/<gpu>/*.json``): the search budget and the
 seconds Helion's search took (the verification and the seed and unfused timings after it add
-15-20 s per GEMM shape on the H200), how many configs Helion's search timed, the best
+6-20 s per GEMM shape on the H200), how many configs Helion's search timed, the best
 hand-picked seed's time beside the final config's (``search_gain`` = seed / final: what the
 search added over the seeds; two separate timings, so near 1.0, 0.98-1.0, when a seed was
 kept), the tiling picked, and the dispatch decision. A second table sums
@@ -96,11 +96,11 @@ def main() -> int:
     (out / "tuning_report.md").write_text("\n".join([
         f"# Tuning cost and gain per registry entry ({args.gpu})", "",
         f"- command: `python bench/tuning_report.py --gpu {args.gpu}{since}` (from the committed registry)",
-        "- tuning_s: seconds of Helion's search (verification, seed and unfused timings add 15-20 s per GEMM shape);"
+        "- tuning_s: seconds of Helion's search (verification, seed and unfused timings add 6-20 s per GEMM shape);"
         " budget_s: Helion's autotune_budget_seconds; configs_timed: configs Helion's search timed;"
-        " generations: search generations Helion started past its first population, one the budget cut off included"
-        " (0: it timed only the seeds, the default and Helion's cached configs; empty where the entry predates"
-        " this record)",
+        " generations: search rounds Helion started past its first population (generations, polish and finishing"
+        " rounds; one the budget cut off counts, so configs_timed says what was timed; 0: only the first population;"
+        " empty where the entry predates this record)",
         "- search_gain: best hand-picked seed's time / final config's time, two separate timings (CUDA-graph medians),"
         f" so within {NOISE} of 1 it is noise (a kept seed shows 0.98-1.0); kept_seed: the best seed replaced the search's"
         " pick, which timed slower (by 2% or more since that margin was added; the entry's search_ms); empty where the entry predates these records",

@@ -166,9 +166,9 @@ def tune_problem(
         seeds_text += f", kept: the search's pick took {search['search_ms']:.4f} ms"
     timed = f", {search['configs_tested']} configs timed" if "configs_tested" in search else ""
     if search.get("generations") == 0:
-        timed += ", the search started no generation past its first population (seeds, default, cache)"
+        timed += ", the search started no round past its first population"
     elif "generations" in search:
-        timed += f", {search['generations']} search generation(s) started past its first population"
+        timed += f", {search['generations']} search round(s) started past its first population"
     return TuneResult(
         key, "tuned", time.perf_counter() - t0,
         f"{latency:.4f} ms{on} ({seeds_text}{timed}){decision}, rel. error {rel_error:.2e}, "
@@ -228,9 +228,10 @@ _LAST_SEARCH: dict = {}
 
 
 def _record_search(metrics) -> None:
-    # generations: the generations the search started past its first population (the seeds,
-    # the default, the nearest entry and Helion's cached configs), one the budget cut off
-    # included; 0: it never left that population. configs_tested counts what it timed.
+    # generations: Helion's num_generations, the search rounds (generations, polish and
+    # finishing rounds) started past the first population (the seeds, Helion's compiler seeds,
+    # the default and its cached configs), one the budget cut off included; 0: no round
+    # started. configs_tested counts what was timed.
     _LAST_SEARCH.update(configs_tested=metrics.num_configs_tested,
                         generations=metrics.num_generations,
                         compile_failures=metrics.num_compile_failures,

@@ -30,13 +30,16 @@ def _entries(kernel: str) -> dict:
     return {(e["M"], e["K"], e["N"]): e for e in doc["entries"]}
 
 
-def _items(kernel: str, ms, crash_at=-1, pause=0.05):
-    return [Item(Shape(m, 64, 64), f"{m}x64x64", (kernel, m, crash_at, pause)) for m in ms]
+def _items(kernel: str, ms, crash_at=-1, pause=0.05, barrier=None):
+    return [Item(Shape(m, 64, 64), f"{m}x64x64", (kernel, m, crash_at, pause, barrier)) for m in ms]
 
 
-def test_every_item_once_over_two_pinned_workers(registry_dir):
+def test_every_item_once_over_two_pinned_workers(registry_dir, tmp_path):
     ms = list(range(1, 13))
-    results = run_parallel("fake", _items("k_two", ms), _parallel_jobs.save_job, tuning.failed_result, ["0", "1"])
+    barrier = tmp_path / "barrier"  # both workers take an item before either finishes one
+    barrier.mkdir()
+    results = run_parallel("fake", _items("k_two", ms, barrier=str(barrier)), _parallel_jobs.save_job,
+                           tuning.failed_result, ["0", "1"])
     assert [r.key for r in results] == [Shape(m, 64, 64) for m in ms]  # in the order given
     assert all(r.status == "tuned" for r in results)
     entries = _entries("k_two")
@@ -74,7 +77,7 @@ def test_two_sweeps_at_once(registry_dir):
         "import _parallel_jobs;"
         "from helion_kernels.parallel import Item, run_parallel;"
         "from helion_kernels.spec import Shape;"
-        "items = [Item(Shape(m, 64, 64), str(m), ('k_sweeps', m, -1, 0.02)) for m in range({a}, {b})];"
+        "items = [Item(Shape(m, 64, 64), str(m), ('k_sweeps', m, -1, 0.02, None)) for m in range({a}, {b})];"
         "from helion_kernels.tuning import failed_result;"
         "r = run_parallel('fake', items, _parallel_jobs.save_job, failed_result, ['0', '1']);"
         "sys.exit(0 if all(x.status == 'tuned' for x in r) else 1)"
