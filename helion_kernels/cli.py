@@ -57,9 +57,13 @@ def _parser() -> argparse.ArgumentParser:
         "kernels: one config per (H, D), tuned on its row with the longest sequences)"))
     common(tune, shape=True)
     tune.add_argument("--effort", default="quick", choices=["quick", "full"],
-                      help="Helion's autotune_effort: quick (pattern search from ~30 seeds) or full (default quick)")
+                      help="Helion's autotune_effort: quick (its LFBO tree search from the seeds, up to 5 "
+                           "generations) or full (a longer search) (default quick)")
     tune.add_argument("--budget-seconds", type=int, default=60,
-                      help="Helion autotune_budget_seconds per shape (default 60)")
+                      help="Helion autotune_budget_seconds per shape (default 60). Helion first times "
+                           "the seeds (this package's and its own: 14-17 configs, 20-40 s for the GEMM "
+                           "kernels on an H200), so a much smaller budget leaves no time for its search; "
+                           "the line printed per shape gives how many configs it timed")
     tune.add_argument("--force", action="store_true", help="re-tune shapes already in the registry")
     tune.add_argument("--seed", type=int, default=0, help="random seed of inputs and search")
     tune.add_argument("--gpus", default="1", type=_gpus_value, help=(
