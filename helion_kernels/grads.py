@@ -193,7 +193,7 @@ def postnorm_stats(c: torch.Tensor, kind: str, eps: float):
             return c32.new_empty(0), c32.new_empty(0)
         var, mean = torch.var_mean(c32, dim=1, correction=0)
         return mean, torch.rsqrt(var + eps)
-    return None, torch.rsqrt(c32.pow(2).mean(dim=1) + eps)
+    return None, rms_rstd(c32, eps)
 
 
 def postnorm_row_backward(dy, c, mean, rstd, weight, need_weight: bool = True, need_bias: bool = False,

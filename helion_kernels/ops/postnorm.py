@@ -88,7 +88,7 @@ def _layer_norm_stats(x, weight, bias, eps):
 def _rms_norm_stats(x, weight, eps):
     """RMSNorm of [M, N] ``x`` (computed in fp32, returned in ``x.dtype``) and its rstd, fp32."""
     x32 = x.float()
-    rstd = torch.rsqrt(x32.pow(2).mean(dim=1) + eps)
+    rstd = grads.rms_rstd(x32, eps)
     y = x32 * rstd[:, None]
     return (y if weight is None else y * weight.float()).to(x.dtype), rstd
 

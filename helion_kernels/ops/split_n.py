@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import checks, registry, runtime
+from .. import checks, grads, registry, runtime
 from ..spec import Shape
 from ..grads import deferred_grads
 from ._op import Op
@@ -152,7 +152,7 @@ def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
     m, n, n2 = a.shape[0], b.shape[1], c.shape[1]
     if m == 0 or n2 == 0:
         x = torch.mm(a, b)
-        return a.new_zeros(m, n2), x, torch.rsqrt(x.float().pow(2).mean(dim=1) + eps)
+        return a.new_zeros(m, n2), x, grads.rms_rstd(x, eps)
     a, b, c = a.contiguous(), b.contiguous(), c.contiguous()
     x, partials = runtime.launch(_deferred.SPEC, (a, b))
     out = runtime.launch_kernel(_deferred.rmsnorm_scaled_matmul_kernel, (x, c, partials, eps),
