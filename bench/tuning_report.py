@@ -61,6 +61,8 @@ def report(folder: Path) -> pd.DataFrame:
                 "tuned_at": str(entry.meta.get("tuned_at", ""))[:10],
                 "budget_s": tune.get("budget_seconds"), "tuning_s": tune.get("seconds"),
                 "configs_timed": tune.get("configs_tested"), "generations": tune.get("generations"),
+                # entries from before the option was added were all tuned with Helion's seeds
+                "compiler_seeds": tune.get("compiler_seeds", True) if tune else None,
                 "best_seed_ms": seed_ms, "final_ms": final_ms,
                 "search_gain": round(seed_ms / final_ms, 3) if seed_ms and final_ms else None,
                 "kept_seed": tune.get("kept_seed"),
@@ -100,7 +102,8 @@ def main() -> int:
         " budget_s: Helion's autotune_budget_seconds; configs_timed: configs Helion's search timed;"
         " generations: search rounds Helion started past its first population (generations, polish and finishing"
         " rounds; one the budget cut off counts, so configs_timed says what was timed; 0: only the first population;"
-        " empty where the entry predates this record)",
+        " empty where the entry predates this record); compiler_seeds: False where `autotune --no-compiler-seeds` left"
+        " Helion's own seeds out of the first population",
         "- search_gain: best hand-picked seed's time / final config's time, two separate timings (CUDA-graph medians),"
         f" so within {NOISE} of 1 it is noise (a kept seed shows 0.98-1.0); kept_seed: the best seed replaced the search's"
         " pick, which timed slower (by 2% or more since that margin was added; the entry's search_ms); empty where the entry predates these records",

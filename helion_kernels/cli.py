@@ -64,6 +64,10 @@ def _parser() -> argparse.ArgumentParser:
                            "the seeds (this package's and its own: 14-17 configs, 20-40 s for the GEMM "
                            "kernels on an H200), so a much smaller budget leaves no time for its search; "
                            "the line printed per shape gives how many configs it timed")
+    tune.add_argument("--no-compiler-seeds", dest="compiler_seeds", action="store_false", help=(
+        "leave Helion's own compiler seeds out of the first population (its "
+        "disable_autotuner_heuristics): the search starts from this package's seeds, Helion's "
+        "default and its cached configs, after about half the seed timings"))
     tune.add_argument("--force", action="store_true", help="re-tune shapes already in the registry")
     tune.add_argument("--seed", type=int, default=0, help="random seed of inputs and search")
     tune.add_argument("--gpus", default="1", type=_gpus_value, help=(
@@ -128,7 +132,8 @@ def _cmd_autotune(args: argparse.Namespace) -> int:
     spec = get_spec(args.kernel)
     if (_CHECKOUT / "autotune_cache").is_dir():  # a source checkout keeps Helion's cache there
         os.environ.setdefault("HELION_CACHE_DIR", str(_CHECKOUT / "autotune_cache"))
-    options = TuneOptions(effort=args.effort, budget_seconds=args.budget_seconds, force=args.force, seed=args.seed)
+    options = TuneOptions(effort=args.effort, budget_seconds=args.budget_seconds, force=args.force, seed=args.seed,
+                          compiler_seeds=args.compiler_seeds)
     results = tune(spec, problems, DTYPES[args.dtype], options, torch.device("cuda"), gpus)
     counts = {s: sum(r.status == s for r in results) for s in ("tuned", "skipped", "failed")}
     path = registry.registry_path(spec.name, registry.gpu_key("cuda"))

@@ -57,6 +57,10 @@ class TuneOptions:
     budget_seconds: int = 60
     force: bool = False
     seed: int = 0
+    # False: Helion's own compiler seeds (its ``disable_autotuner_heuristics``) are left out of
+    # the first population, which then holds the spec's seeds, the default and Helion's cached
+    # configs: about half the configs to time before the search starts.
+    compiler_seeds: bool = True
 
     def __post_init__(self) -> None:
         if self.effort not in EFFORTS:
@@ -257,6 +261,7 @@ def entry_meta(latency: float, rel_error: float, options: TuneOptions, tune_seco
         "autotune": {
             "effort": options.effort,
             "budget_seconds": options.budget_seconds,
+            "compiler_seeds": options.compiler_seeds,
             "seconds": round(tune_seconds, 1),
             "seeded_from": None if near is None else f"{near.shape} {near.dtype}",
         },
@@ -278,6 +283,7 @@ def tuning_kernel(spec: KernelSpec, seeds: list, dtype: torch.dtype, options: Tu
         autotune_budget_seconds=options.budget_seconds,
         autotune_seed_configs=seeds,
         autotune_random_seed=options.seed,
+        disable_autotuner_heuristics=not options.compiler_seeds,
         autotune_baseline_fn=functools.partial(_reference_on_call, reference=spec.reference, n_args=n_args),
         # Helion sends this hook to its benchmarking subprocesses: it must pickle, so it
         # carries the output transform (a module-level function), not the spec (whose

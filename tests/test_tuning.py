@@ -101,6 +101,22 @@ def test_tuning_settings_pickle(name):
     pickle.dumps(kernel.settings.autotune_baseline_fn)
 
 
+@pytest.mark.parametrize("compiler_seeds", [True, False])
+def test_compiler_seeds_option_reaches_helion(compiler_seeds):
+    """``--no-compiler-seeds`` is Helion's ``disable_autotuner_heuristics``; the default keeps
+    Helion's seeds, and the entry records which it was."""
+    from helion_kernels.cli import _parser
+    from helion_kernels.kernels import get_spec
+    from helion_kernels.tuning import TuneOptions, entry_meta, tuning_kernel
+
+    argv = ["autotune", "--kernel", "matmul", "--shape", "64,64,64"] + ([] if compiler_seeds else ["--no-compiler-seeds"])
+    assert _parser().parse_args(argv).compiler_seeds is compiler_seeds
+    options = TuneOptions(compiler_seeds=compiler_seeds)
+    kernel = tuning_kernel(get_spec("matmul"), [], torch.bfloat16, options, progress_bar=False, n_args=2)
+    assert kernel.settings.disable_autotuner_heuristics is (not compiler_seeds)
+    assert entry_meta(1.0, 0.0, options, 1.0, None)["autotune"]["compiler_seeds"] is compiler_seeds
+
+
 @pytest.mark.parametrize("name", sorted(__import__("helion_kernels.kernels", fromlist=["CATALOG"]).CATALOG))
 def test_tuning_baseline_takes_the_kernels_bound_arguments(name):
     """Helion calls the baseline with the kernel's arguments after binding, defaults included
