@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from helion_kernels import registry
+from helion_kernels.cli import date_arg
 
 ROOT = Path(__file__).resolve().parent.parent
 # The seed and the final config are timed in separate runs (CUDA-graph medians): a gain inside
@@ -37,16 +38,6 @@ def _tiling(config: dict) -> str:
     first = indexing[0] if isinstance(indexing, list) and indexing else indexing
     return (f"{'x'.join(map(str, config.get('block_sizes', [])))} w{config.get('num_warps')} "
             f"s{config.get('num_stages')} {first} {config.get('pid_type', 'flat')}")
-
-
-def _date(text: str) -> str:
-    """``text`` if it is a YYYY-MM-DD date (argparse type)."""
-    import datetime
-
-    try:
-        return datetime.date.fromisoformat(text).isoformat()
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a YYYY-MM-DD date: {text!r}") from None
 
 
 def report(folder: Path) -> pd.DataFrame:
@@ -75,7 +66,7 @@ def report(folder: Path) -> pd.DataFrame:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--gpu", default="nvidia_h200_sm90", help="registry GPU key (default %(default)s)")
-    p.add_argument("--since", default=None, type=_date, help="only entries tuned on or after this date (YYYY-MM-DD)")
+    p.add_argument("--since", default=None, type=date_arg, help="only entries tuned on or after this date (YYYY-MM-DD)")
     p.add_argument("--configs", type=Path, default=ROOT / "configs", help="registry root (default: the checkout's)")
     p.add_argument("--out", type=Path, default=None, help="folder (default bench/results/<gpu>/)")
     args = p.parse_args()
@@ -84,7 +75,7 @@ def main() -> int:
         print(f"tuning_report: no registry entries under {args.configs / args.gpu}", file=sys.stderr)
         return 2
     if args.since:
-        df = df[df.tuned_at >= args.since]
+        df = df[df.tuned_at >= args.since.isoformat()]
     totals = (df.groupby(["kernel", "tuned_at"])
               .agg(entries=("shape", "size"), tuning_s=("tuning_s", lambda g: g.sum(min_count=1)),
                    budget_s=("budget_s", "median"),

@@ -9,6 +9,7 @@ mistyped argument answer fast.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import re
 import sys
@@ -68,7 +69,11 @@ def _parser() -> argparse.ArgumentParser:
         "leave Helion's own compiler seeds out of the first population (its "
         "disable_autotuner_heuristics): the search starts from this package's seeds, Helion's "
         "default and its cached configs, after about half the seed timings"))
-    tune.add_argument("--force", action="store_true", help="re-tune shapes already in the registry")
+    again = tune.add_mutually_exclusive_group()
+    again.add_argument("--force", action="store_true", help="re-tune shapes already in the registry")
+    again.add_argument("--retune-before", type=date_arg, metavar="YYYY-MM-DD", help=(
+        "re-tune the entries tuned before this date and tune the missing ones; entries from this "
+        "date on are kept, so a re-tune that was stopped resumes where it stopped"))
     tune.add_argument("--seed", type=int, default=0, help="random seed of inputs and search")
     tune.add_argument("--gpus", default="1", type=_gpus_value, help=(
         "tune on this many GPUs at once (a count, or 'all'): one worker process per GPU takes the "
@@ -89,6 +94,14 @@ def _positive_int(value: str) -> int:
     if not (value.isdigit() and int(value) > 0):
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
     return int(value)
+
+
+def date_arg(value: str) -> datetime.date:
+    """A YYYY-MM-DD date (an argparse ``type``)."""
+    try:
+        return datetime.date.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD): {value!r}") from None
 
 
 def _gpus_value(value: str) -> str:
@@ -133,7 +146,7 @@ def _cmd_autotune(args: argparse.Namespace) -> int:
     if (_CHECKOUT / "autotune_cache").is_dir():  # a source checkout keeps Helion's cache there
         os.environ.setdefault("HELION_CACHE_DIR", str(_CHECKOUT / "autotune_cache"))
     options = TuneOptions(effort=args.effort, budget_seconds=args.budget_seconds, force=args.force, seed=args.seed,
-                          compiler_seeds=args.compiler_seeds)
+                          compiler_seeds=args.compiler_seeds, retune_before=args.retune_before)
     results = tune(spec, problems, DTYPES[args.dtype], options, torch.device("cuda"), gpus)
     counts = {s: sum(r.status == s for r in results) for s in ("tuned", "skipped", "failed")}
     path = registry.registry_path(spec.name, registry.gpu_key("cuda"))

@@ -15,7 +15,7 @@ recorded in the entry, which is what the public op then runs. The entry and the 
 also give the best hand-picked seed's time, timed the same way, and how many configs Helion's
 search timed (its post-autotune hook): what the search added over the seeds. Helion's own cache (``HELION_CACHE_DIR``)
 makes an interrupted sweep resume cheaply; keys already in the registry are skipped unless
-``force``.
+``force``, or ``retune_before`` a date later than theirs.
 """
 
 from __future__ import annotations
@@ -61,12 +61,26 @@ class TuneOptions:
     # the first population, which then holds the spec's seeds, the default and Helion's cached
     # configs: about half the configs to time before the search starts.
     compiler_seeds: bool = True
+    # Re-tune the entries tuned before this date (and tune the missing ones); the others are
+    # kept, so an interrupted re-tune resumes where it stopped. ``force`` re-tunes them all.
+    retune_before: datetime.date | None = None
 
     def __post_init__(self) -> None:
         if self.effort not in EFFORTS:
             raise ValueError(f"effort must be one of {EFFORTS}, got {self.effort!r}")
         if self.budget_seconds <= 0:
             raise ValueError(f"budget_seconds must be positive, got {self.budget_seconds}")
+        if self.retune_before is not None and not isinstance(self.retune_before, datetime.date):
+            raise ValueError(f"retune_before must be a datetime.date, got {self.retune_before!r}")
+
+    def keeps(self, entry: registry.Entry | None) -> bool:
+        """Whether the sweep skips the key of ``entry`` (None: no entry, so it is tuned)."""
+        if entry is None or self.force:
+            return False
+        if self.retune_before is None:
+            return True
+        tuned_at = str(entry.meta.get("tuned_at", ""))[:10]  # an entry without a date is re-tuned
+        return tuned_at >= self.retune_before.isoformat()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +133,9 @@ def tune_problem(
         raise ValueError(f"autotuning needs a CUDA device, got {device}")
     key, gpu, name = problem.key, registry.gpu_key(device), registry.dtype_name(dtype)
     entries = registry.entries_for(spec.name, gpu)
-    if not options.force and (*key, name) in entries:
-        return TuneResult(key, "skipped", 0.0, "already in the registry (--force re-tunes)")
+    existing = entries.get((*key, name))
+    if options.keeps(existing):
+        return TuneResult(key, "skipped", 0.0, "already in the registry (--force or --retune-before re-tunes)")
     near = registry.nearest_entry(entries, key, name)
 
     t0 = time.perf_counter()
@@ -129,7 +144,8 @@ def tune_problem(
     kernel = tuning_kernel(spec, seeds, dtype, options, progress_bar, n_args=len(args))
     bound = kernel.bind(args)
     _LAST_SEARCH.clear()
-    config = bound.autotune(args, force=options.force)
+    # --force, or an entry being replaced: a fresh search, not Helion's cached answer
+    config = bound.autotune(args, force=options.force or existing is not None)
     search = dict(_LAST_SEARCH)
     if spec.portable_config is not None:
         config = spec.portable_config(config)

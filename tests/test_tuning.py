@@ -101,6 +101,42 @@ def test_tuning_settings_pickle(name):
     pickle.dumps(kernel.settings.autotune_baseline_fn)
 
 
+def test_retune_before_keeps_only_entries_from_that_date_on():
+    """``--retune-before`` makes a stopped re-tune resumable: entries tuned on or after the
+    date are kept, older or undated ones re-tuned, missing ones tuned; ``--force`` re-tunes all."""
+    import datetime
+
+    from helion_kernels.registry import Entry
+    from helion_kernels.spec import Shape
+    from helion_kernels.tuning import TuneOptions
+
+    def entry(tuned_at):
+        return Entry(Shape(64, 64, 64), "bfloat16", {"block_sizes": [16, 16, 16]},
+                     {} if tuned_at is None else {"tuned_at": tuned_at})
+
+    day = datetime.date(2026, 12, 2)
+    again = TuneOptions(retune_before=day)
+    assert again.keeps(entry("2026-12-02T01:00:00+00:00")) and again.keeps(entry("2026-12-03T00:00:00+00:00"))
+    assert not again.keeps(entry("2026-12-01T23:59:59+00:00")) and not again.keeps(entry(None))
+    assert not again.keeps(None)
+    assert TuneOptions().keeps(entry("2026-11-01T00:00:00+00:00")) and not TuneOptions().keeps(None)
+    assert not TuneOptions(force=True).keeps(entry("2026-12-03T00:00:00+00:00"))
+    with pytest.raises(ValueError, match="retune_before must be a datetime.date"):
+        TuneOptions(retune_before="2026-12-02")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--force", "--retune-before", "2026-12-02"], "not allowed with argument"),
+    (["--retune-before", "12/02/2026"], "not a date (YYYY-MM-DD)"),
+])
+def test_retune_before_argument_errors(capsys, argv, message):
+    from helion_kernels.cli import _parser
+
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["autotune", "--kernel", "matmul", "--shape", "64,64,64", *argv])
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("compiler_seeds", [True, False])
 def test_compiler_seeds_option_reaches_helion(compiler_seeds):
     """``--no-compiler-seeds`` is Helion's ``disable_autotuner_heuristics``; the default keeps
