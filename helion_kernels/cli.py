@@ -68,7 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--no-compiler-seeds", dest="compiler_seeds", action="store_false", help=(
         "leave Helion's own compiler seeds out of the first population (its "
         "disable_autotuner_heuristics): the search starts from this package's seeds, Helion's "
-        "default and its cached configs, after about half the seed timings"))
+        "default and its cached configs, after about half the seed timings (experimental: its "
+        "configs have not yet been compared with the default search's)"))
     again = tune.add_mutually_exclusive_group()
     again.add_argument("--force", action="store_true", help="re-tune shapes already in the registry")
     again.add_argument("--retune-before", type=date_arg, metavar="YYYY-MM-DD", help=(
