@@ -41,12 +41,13 @@ class Headline:
 
 HEADLINES = [
     Headline(
-        "Deferred pre-norm (`rmsnorm_matmul`)", ("rmsnorm_matmul_prenorm_rmsnorm_M_65536",),
+        "Deferred pre-norm (`rmsnorm_matmul`)",
+        ("rmsnorm_matmul_prenorm_rmsnorm_M_65536", "rmsnorm_matmul_prenorm_rmsnorm_M_131072"),
         "as dispatched (fused or cuBLAS + inductor norm, per the registry), {dispatched}x the speed of the best "
         "unfused pipeline; the fused kernel: {speedup}x the speed of cuBLAS + the best standalone norm "
         "(inductor or Liger), {saved}% of the inductor norm's time saved against cuBLAS + inductor, "
         "{vs_cublas}x cuBLAS's plain GEMM time; the plain Helion GEMM at {gemm}x cuBLAS (medians of repeated "
-        "runs; {rows} rows, M = 65536)",
+        "runs; {rows} rows, M = 65536 and 131072)",
         {"dispatched": "dispatched_speedup_vs_best_unfused", "speedup": "speedup_vs_best_unfused",
          "saved": "saved_vs_cublas_inductor_pct", "vs_cublas": "vs_cublas_mm", "gemm": "helion_gemm_vs_cublas"}),
     Headline(

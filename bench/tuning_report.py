@@ -10,7 +10,8 @@ the search seconds per kernel and date: what a whole table's search took.
 
     python bench/tuning_report.py [--gpu nvidia_h200_sm90] [--since 2026-12-01]
 
-Writes ``bench/results/<gpu>/tuning_report.{csv,md}``. Entries tuned before the registry
+Writes ``bench/results/<gpu>/tuning_report.{csv,md}`` (the committed report); with ``--since``
+it prints the filtered tables instead, and writes them only to an ``--out`` folder. Entries tuned before the registry
 recorded the seed times or the search counts show those columns empty.
 """
 
@@ -68,7 +69,8 @@ def main() -> int:
     p.add_argument("--gpu", default="nvidia_h200_sm90", help="registry GPU key (default %(default)s)")
     p.add_argument("--since", default=None, type=date_arg, help="only entries tuned on or after this date (YYYY-MM-DD)")
     p.add_argument("--configs", type=Path, default=ROOT / "configs", help="registry root (default: the checkout's)")
-    p.add_argument("--out", type=Path, default=None, help="folder (default bench/results/<gpu>/)")
+    p.add_argument("--out", type=Path, default=None, help=(
+        "folder (default bench/results/<gpu>/; with --since, nothing is written unless --out is given)"))
     args = p.parse_args()
     df = report(args.configs / args.gpu)
     if df.empty:
@@ -76,12 +78,18 @@ def main() -> int:
         return 2
     if args.since:
         df = df[df.tuned_at >= args.since.isoformat()]
+        if df.empty:
+            print(f"tuning_report: no {args.gpu} entries tuned on or after {args.since} (UTC)")
+            return 0
     totals = (df.groupby(["kernel", "tuned_at"])
               .agg(entries=("shape", "size"), tuning_s=("tuning_s", lambda g: g.sum(min_count=1)),
                    budget_s=("budget_s", "median"),
                    search_beat_seeds=("search_gain", lambda g: int((g.dropna() > NOISE).sum())),
                    with_seed_time=("search_gain", lambda g: int(g.notna().sum())))
               .reset_index())
+    if args.since and args.out is None:  # a filtered look: the committed report stays whole
+        print(totals.to_string(index=False), "", df.to_string(index=False), sep="\n")
+        return 0
     out = args.out or ROOT / "bench" / "results" / args.gpu
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "tuning_report.csv", index=False)

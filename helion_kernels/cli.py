@@ -60,21 +60,22 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--effort", default="quick", choices=["quick", "full"],
                       help="Helion's autotune_effort: quick (its LFBO tree search from the seeds, up to 5 "
                            "generations) or full (a longer search) (default quick)")
-    tune.add_argument("--budget-seconds", type=int, default=60,
+    tune.add_argument("--budget-seconds", type=_positive_int, default=60,
                       help="Helion autotune_budget_seconds per shape (default 60). Helion first times "
                            "the seeds (this package's and its own: 14-17 configs, 20-40 s for the GEMM "
                            "kernels on an H200), so a much smaller budget leaves no time for its search; "
                            "the line printed per shape gives how many configs it timed")
     tune.add_argument("--no-compiler-seeds", dest="compiler_seeds", action="store_false", help=(
         "leave Helion's own compiler seeds out of the first population (its "
-        "disable_autotuner_heuristics): the search starts from this package's seeds, Helion's "
-        "default and its cached configs, after about half the seed timings (experimental: its "
-        "configs have not yet been compared with the default search's)"))
+        "disable_autotuner_heuristics), so about half as many configs are timed before the search "
+        "starts: this package's seeds, Helion's default and its cached configs (experimental: not "
+        "yet compared with the default on a GPU)"))
     again = tune.add_mutually_exclusive_group()
     again.add_argument("--force", action="store_true", help="re-tune shapes already in the registry")
     again.add_argument("--retune-before", type=date_arg, metavar="YYYY-MM-DD", help=(
-        "re-tune the entries tuned before this date and tune the missing ones; entries from this "
-        "date on are kept, so a re-tune that was stopped resumes where it stopped"))
+        "re-tune the entries tuned before this date (UTC, as the registry's tuned_at) and tune the "
+        "missing ones; entries from this date on are kept, so a re-tune that was stopped resumes "
+        "where it stopped"))
     tune.add_argument("--seed", type=int, default=0, help="random seed of inputs and search")
     tune.add_argument("--gpus", default="1", type=_gpus_value, help=(
         "tune on this many GPUs at once (a count, or 'all'): one worker process per GPU takes the "
@@ -98,8 +99,10 @@ def _positive_int(value: str) -> int:
 
 
 def date_arg(value: str) -> datetime.date:
-    """A YYYY-MM-DD date (an argparse ``type``)."""
+    """A YYYY-MM-DD date (an argparse ``type``; Python 3.11's other ISO forms are refused too)."""
     try:
+        if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+            raise ValueError(value)
         return datetime.date.fromisoformat(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a date (YYYY-MM-DD): {value!r}") from None
@@ -162,9 +165,15 @@ def _stem(args: argparse.Namespace, kernel: str) -> str:
     return stem if args.dtype == "bfloat16" else f"{stem}_{args.dtype}"
 
 
+def _natural(path: Path) -> list:
+    """Sort key: the numbers in a file name by value (``..._M_65536`` before ``..._M_131072``)."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
+
+
 def _committed_summary(df, path: Path, spec) -> str:
     """A committed result table as text that fits :data:`WIDTH` columns: the row, the fused
-    kernel's latency, the best unfused pipeline's, the speed-up and the latency saved."""
+    kernel's latency, the best unfused pipeline's, the speed-up and the latency saved; for an
+    op with a dispatcher, the path it runs and that path's speed-up."""
     import pandas as pd
 
     from .benchmark import row_labels
@@ -178,6 +187,9 @@ def _committed_summary(df, path: Path, spec) -> str:
     out["speedup"] = out["best_unfused_ms"] / out["fused_ms"]
     if "saved_vs_cublas_inductor_pct" in df.columns:
         out["saved_pct"] = df["saved_vs_cublas_inductor_pct"]
+    if {"dispatch", "dispatched_speedup_vs_best_unfused"} <= set(df.columns):
+        out["runs"] = df["dispatch"]
+        out["runs_speedup"] = df["dispatched_speedup_vs_best_unfused"]
     return out.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 
@@ -223,7 +235,7 @@ def _print_committed(args: argparse.Namespace, spec) -> None:
     for gpu in registry.known_gpus():
         paths = [results / gpu / f"{_stem(args, spec.name)}.csv"]
         if not paths[0].is_file():  # this exact selection if it was benchmarked, else any of the workload
-            paths = sorted((results / gpu).glob(f"{spec.name}_{args.workload}*.csv"))
+            paths = sorted((results / gpu).glob(f"{spec.name}_{args.workload}*.csv"), key=_natural)
         for path in paths:
             df = pd.read_csv(path)
             note = ""
@@ -237,6 +249,9 @@ def _print_committed(args: argparse.Namespace, spec) -> None:
             table = _committed_summary(df, path, spec)
             saved = ("; saved_pct = % of the inductor norm's latency saved against cuBLAS + inductor norm"
                      if "saved_pct" in table else "")
+            if "runs_speedup" in table:
+                saved += ("; runs = the path the op takes there (the registry's decision), runs_speedup = "
+                          "best_unfused_ms / its time")
             dtypes = ", ".join(sorted(set(df["dtype"]))) if "dtype" in df.columns else "dtype not recorded"
             print("\n" + textwrap.fill(
                 f"Committed results measured on {gpu} ({dtypes}): {path.relative_to(_CHECKOUT)} (full table: "
@@ -274,8 +289,11 @@ def _cpu_bench(args: argparse.Namespace, spec, problems: list) -> int:
         print(textwrap.fill("runs = what the op runs at that row: the fused kernel, or its unfused pipeline "
                             "(the registry's recorded choice, or N past the full-row limit).", WIDTH))
     if len(report) < len(problems) * max(1, len(registry.known_gpus())):
+        fields = type(problems[0].key)._fields
+        why = ("rows that share a key are listed once" if "M" in fields
+               else "not by the sequence lengths")  # an attention key (H, D)
         print(textwrap.fill(f"One row per registry key: {spec.name}'s configs are keyed by "
-                            f"{', '.join(type(problems[0].key)._fields)}, not by the sequence lengths.", WIDTH))
+                            f"{', '.join(fields)}; {why}.", WIDTH))
     for row in failed.itertuples():
         print(textwrap.fill(f"FAILED {row.gpu} {dict(row._asdict())}: {row.codegen}", WIDTH,
                             subsequent_indent="  "))

@@ -135,7 +135,9 @@ def tune_problem(
     entries = registry.entries_for(spec.name, gpu)
     existing = entries.get((*key, name))
     if options.keeps(existing):
-        return TuneResult(key, "skipped", 0.0, "already in the registry (--force or --retune-before re-tunes)")
+        why = (f"tuned {str(existing.meta.get('tuned_at', ''))[:10]}, not before {options.retune_before}"
+               if options.retune_before else "already in the registry (--force re-tunes)")
+        return TuneResult(key, "skipped", 0.0, why)
     near = registry.nearest_entry(entries, key, name)
 
     t0 = time.perf_counter()

@@ -205,3 +205,24 @@ def test_committed_rows_re_tuned_since_the_benchmark_are_named(registry_dir, tmp
     for meta in ({}, []):
         path.with_suffix(".json").write_text(json.dumps(meta))
         assert _retuned_since(df, path, spec, "g_sm90") is None
+
+
+def test_committed_tables_show_the_dispatched_path_in_m_order():
+    """The CPU summary of a committed table says which path the op runs on each row (a fused
+    kernel slower than unfused is not what a call runs there), and files go by M's value."""
+    import pandas as pd
+
+    from helion_kernels.cli import _committed_summary, _natural
+    from helion_kernels.kernels import get_spec
+
+    results = Path(__file__).resolve().parent.parent / "bench" / "results" / "nvidia_h200_sm90"
+    path = results / "rmsnorm_matmul_prenorm_rmsnorm_M_65536.csv"
+    df = pd.read_csv(path)
+    table = _committed_summary(df, path, get_spec("rmsnorm_matmul"))
+    assert "runs" in table and "runs_speedup" in table
+    lines = table.splitlines()[1:]
+    assert len(lines) == len(df)
+    for line, choice in zip(lines, df["dispatch"]):
+        assert line.split()[-2] == choice
+    names = ["x_M_131072.csv", "x_M_65536.csv", "x_M_524288.csv"]
+    assert sorted(names, key=lambda n: _natural(Path(n))) == ["x_M_65536.csv", "x_M_131072.csv", "x_M_524288.csv"]

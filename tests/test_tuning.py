@@ -128,6 +128,8 @@ def test_retune_before_keeps_only_entries_from_that_date_on():
 @pytest.mark.parametrize("argv,message", [
     (["--force", "--retune-before", "2026-12-02"], "not allowed with argument"),
     (["--retune-before", "12/02/2026"], "not a date (YYYY-MM-DD)"),
+    (["--retune-before", "20261202"], "not a date (YYYY-MM-DD)"),  # ISO, but not the documented form
+    (["--budget-seconds", "-5"], "must be a positive integer"),
 ])
 def test_retune_before_argument_errors(capsys, argv, message):
     from helion_kernels.cli import _parser

@@ -35,3 +35,18 @@ def test_committed_report_is_current(tmp_path):
     committed = REPO / "bench" / "results" / GPU / "tuning_report.csv"
     assert committed.read_text() == (tmp_path / "tuning_report.csv").read_text(), \
         "run python bench/tuning_report.py after changing the registry"
+
+
+def test_since_prints_and_leaves_the_committed_report_whole(tmp_path):
+    """``--since`` without ``--out`` prints the filtered tables and writes nothing; a date past
+    every entry says so in a line (no pandas dump)."""
+    committed = REPO / "bench" / "results" / GPU / "tuning_report.csv"
+    before = committed.stat().st_mtime_ns
+    script = str(REPO / "bench" / "tuning_report.py")
+    run = subprocess.run([sys.executable, script, "--gpu", GPU, "--since", "2026-12-02"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "rmsnorm_matmul" in run.stdout and "wrote" not in run.stdout
+    assert committed.stat().st_mtime_ns == before
+    run = subprocess.run([sys.executable, script, "--gpu", GPU, "--since", "2099-01-01"], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == f"tuning_report: no {GPU} entries tuned on or after 2099-01-01 (UTC)"
+    assert committed.stat().st_mtime_ns == before
