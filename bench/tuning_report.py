@@ -50,7 +50,7 @@ def report(folder: Path) -> pd.DataFrame:
             seed_ms, final_ms = tune.get("best_seed_ms"), entry.meta.get("latency_ms")
             rows.append({
                 "kernel": path.stem, "shape": "x".join(map(str, entry.shape)), "dtype": entry.dtype,
-                "tuned_at": str(entry.meta.get("tuned_at", ""))[:10],
+                "tuned_at": entry.tuned_on,
                 "budget_s": tune.get("budget_seconds"), "tuning_s": tune.get("seconds"),
                 "configs_timed": tune.get("configs_tested"), "generations": tune.get("generations"),
                 # entries from before the option was added were all tuned with Helion's seeds

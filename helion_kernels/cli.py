@@ -198,7 +198,6 @@ def _retuned_since(df, path: Path, spec, gpu: str):
     was tuned after the benchmark ran (the file's JSON ``date``), so the committed times are
     not the config a call runs there; with the date. None where the file does not say (no
     date, no M/K/N/dtype columns). The registry is the merged one (a user's own re-tune counts)."""
-    import datetime
     import json
 
     def when(text):

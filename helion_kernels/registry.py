@@ -102,6 +102,11 @@ class Entry:
         """(M, K, N, dtype) or (H, D, dtype)."""
         return (*self.shape, self.dtype)
 
+    @property
+    def tuned_on(self) -> str:
+        """The UTC day the entry was tuned, ``YYYY-MM-DD`` (from ``tuned_at``); "" if unrecorded."""
+        return str(self.meta.get("tuned_at", ""))[:10]
+
     def to_json(self) -> dict:
         return {**self.shape._asdict(), "dtype": self.dtype, "config": self.config, **self.meta}
 

@@ -79,8 +79,7 @@ class TuneOptions:
             return False
         if self.retune_before is None:
             return True
-        tuned_at = str(entry.meta.get("tuned_at", ""))[:10]  # an entry without a date is re-tuned
-        return tuned_at >= self.retune_before.isoformat()
+        return entry.tuned_on >= self.retune_before.isoformat()  # "" (no date): re-tuned
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +134,7 @@ def tune_problem(
     entries = registry.entries_for(spec.name, gpu)
     existing = entries.get((*key, name))
     if options.keeps(existing):
-        why = (f"tuned {str(existing.meta.get('tuned_at', ''))[:10]}, not before {options.retune_before}"
+        why = (f"tuned {existing.tuned_on}, not before {options.retune_before}"
                if options.retune_before else "already in the registry (--force re-tunes)")
         return TuneResult(key, "skipped", 0.0, why)
     near = registry.nearest_entry(entries, key, name)
