@@ -3,9 +3,11 @@
 For each row (M, K, N) of a GEMM workload (default: the split-N table), with the consumer
 projecting back to N2 = K (Linear K -> N, RMSNorm over N, Linear N -> K):
 
-- ``deferred``: :func:`helion_kernels.matmul_rmsnorm_matmul` (partials GEMM, then the GEMM
-  whose epilogue applies rstd; the RMSNorm weight folded into ``c`` once, outside the timing,
-  as a user with a fixed weight does);
+- ``deferred``: :func:`helion_kernels.matmul_rmsnorm_matmul` with ``fused=True`` (partials
+  GEMM, then the GEMM whose epilogue applies rstd; the RMSNorm weight folded into ``c`` once,
+  outside the timing, as a user with a fixed weight does);
+- ``dispatched``: the same op as called (``fused=None``): the two kernels or cuBLAS, the
+  compiled norm and cuBLAS, as the registry decided (column ``dispatch``);
 - ``cublas+inductor_norm+cublas`` and ``cublas+liger_norm+cublas``: what a user runs
   without it; ``cublas+cublas``: the two GEMMs alone (the norm made free).
 
@@ -29,9 +31,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from helion_kernels import fold_rmsnorm_weight, matmul_rmsnorm_matmul, registry
+from helion_kernels import fold_rmsnorm_weight, matmul_rmsnorm_matmul, registry, runtime
 from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
-from helion_kernels.kernels.postnorm_deferred import matmul_rmsnorm_matmul_reference
+from helion_kernels.kernels.postnorm_deferred import SPEC, matmul_rmsnorm_matmul_reference
 from helion_kernels.kernels.postnorm_full_row import _liger
 from helion_kernels.timing import input_copies, measure_ceilings, time_ms
 from helion_kernels.verify import check_outputs
@@ -59,10 +61,13 @@ def bench_row(m: int, k: int, n: int, dtype: torch.dtype, device) -> dict:
     out = {"M": m, "K": k, "N": n, "N2": k, "dtype": registry.dtype_name(dtype)}
     a, b, c, w = first
     ref = matmul_rmsnorm_matmul_reference(a, b, c, w, EPS)
-    out["rel_error"] = check_outputs(matmul_rmsnorm_matmul(a, b, c, w, EPS), ref, dtype)
+    out["rel_error"] = check_outputs(matmul_rmsnorm_matmul(a, b, c, w, EPS, fused=True), ref, dtype)
     del ref
+    out["dispatch"] = "fused" if runtime.registry_choice(SPEC, (a, b)) else "unfused"
     candidates = {
-        "deferred": [functools.partial(matmul_rmsnorm_matmul, a_, b_, cf, None, EPS) for a_, b_, cf in folded],
+        "deferred": [functools.partial(matmul_rmsnorm_matmul, a_, b_, cf, None, EPS, fused=True)
+                     for a_, b_, cf in folded],
+        "dispatched": [functools.partial(matmul_rmsnorm_matmul, a_, b_, cf, None, EPS) for a_, b_, cf in folded],
         "cublas+cublas": [functools.partial(lambda a_, b_, c_: torch.mm(torch.mm(a_, b_), c_), a_, b_, c_)
                           for a_, b_, c_, _ in sets],
         "inductor_norm": [functools.partial(inductor_norm, torch.mm(a_, b_), w_) for a_, b_, _, w_ in sets],
@@ -79,6 +84,7 @@ def bench_row(m: int, k: int, n: int, dtype: torch.dtype, device) -> dict:
     best = min(t for name, t in times.items() if name.endswith("+cublas") and "norm" in name)
     out["saved_vs_inductor_pct"] = 100 * (times["cublas+inductor_norm+cublas"] - times["deferred"]) / times["inductor_norm"]
     out["speedup_vs_best_unfused"] = best / times["deferred"]
+    out["dispatched_speedup_vs_best_unfused"] = best / times["dispatched"]
     out["deferred_over_two_gemms"] = times["deferred"] / times["cublas+cublas"]
     return out
 
@@ -115,7 +121,7 @@ def main() -> int:
         print(rows[-1], flush=True)
     meta = run_meta(device, ceilings, inputs="bf16, RMSNorm weight ~ 1 folded into c, eps 1e-5, N2 = K",
                     baselines="cuBLAS GEMM, inductor (torch.compile) or Liger RMSNorm, cuBLAS GEMM")
-    meta["command"] = "python bench/postnorm_deferred.py " + " ".join(sys.argv[1:])
+    meta["command"] = " ".join(["python bench/postnorm_deferred.py", *sys.argv[1:]])
     out_dir = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
     paths = write_results(pd.DataFrame(rows), meta, out_dir, f"matmul_rmsnorm_matmul_{args.workload}", plot,
                           notes=("`saved_vs_inductor_pct`: (t_cublas+inductor_norm+cublas - t_deferred) / "

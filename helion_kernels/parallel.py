@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import queue
 import time
+import traceback
 from typing import Any, Callable
 
 MAX_RESTARTS = 3
@@ -36,6 +37,17 @@ class Item:
     key: Any
     label: str
     payload: Any
+
+
+def error_text(err: BaseException) -> str:
+    """One line for a failed item: the exception and, when its message says nothing (a bare
+    ``assert``), the file and line that raised it."""
+    text = f"{type(err).__name__}: {err}".rstrip(": ")
+    frames = traceback.extract_tb(err.__traceback__)
+    if frames and not str(err):
+        last = frames[-1]
+        text += f" at {'/'.join(last.filename.split('/')[-3:])}:{last.lineno} ({last.line})"
+    return text
 
 
 def _worker(slot: int, job: Callable, failed: Callable, tasks, results, current) -> None:
@@ -54,7 +66,8 @@ def _worker(slot: int, job: Callable, failed: Callable, tasks, results, current)
         try:
             result = job(item.payload)
         except Exception as err:  # the job's own failure: report it, take the next item
-            result = failed(item.key, f"{type(err).__name__}: {err} (after {time.perf_counter() - t0:.0f} s)")
+            traceback.print_exc()  # to the worker's stderr: where it failed
+            result = failed(item.key, f"{error_text(err)} (after {time.perf_counter() - t0:.0f} s)")
         results.put(("done", slot, index, result))
         current[slot] = -1
 

@@ -136,6 +136,10 @@ class KernelSpec:
         dispatch_baseline: key in ``baselines`` of the unfused pipeline the fused kernel must
             beat to be used at all: tuning times both and records the winner in the registry
             entry, and the public op runs it. None: always fused.
+        dispatch_fused: ``(run, args) -> zero-arg callable``: the fused pipeline that tuning
+            times against ``dispatch_baseline``, where ``run(*args)`` launches the tuned
+            kernel (for an op whose kernel is one of two launches, e.g. the deferred
+            post-norm's producer GEMM and its consumer). None: the kernel alone.
         portable_config: ``Config -> Config`` applied before a config is saved and before it
             is used, so that a config tuned at one shape is valid at another.
         fit_config: ``(config, args) -> config`` applied to a config that was not tuned at
@@ -176,6 +180,7 @@ class KernelSpec:
     plot_relative_to: str = "cublas_mm"
     aim: float | None = None
     dispatch_baseline: str | None = None
+    dispatch_fused: Callable[[Callable[..., Any], tuple], Callable[[], object]] | None = None
     portable_config: Callable[["helion.Config"], "helion.Config"] | None = None
     fit_config: Callable[["helion.Config", tuple], "helion.Config"] | None = None
     compare_outputs: Callable[[tuple], tuple] | None = None

@@ -10,8 +10,9 @@ winning config is checked again
 (:func:`~.verify.verify_config`: several fresh random draws, and bitwise-identical repeated
 runs), timed by CUDA-graph replay and written to the user registry
 (:func:`~.registry.registry_path`). For a kernel with a ``dispatch_baseline`` (the pre-norm
-and the full-row post-norms) the unfused pipeline is timed too and the faster of the two is
-recorded in the entry, which is what the public op then runs. The entry and the printed line
+and the post-norms) the unfused pipeline is timed too and the faster of the two is
+recorded in the entry, which is what the public op then runs (the whole fused op is timed
+where the kernel is one of its launches: ``KernelSpec.dispatch_fused``). The entry and the printed line
 also give the best hand-picked seed's time, timed the same way, and how many configs Helion's
 search timed (its post-autotune hook): what the search added over the seeds. Helion's own cache (``HELION_CACHE_DIR``)
 makes an interrupted sweep resume cheaply; keys already in the registry are skipped unless
@@ -25,11 +26,13 @@ import datetime
 import functools
 import importlib.metadata
 import time
+import traceback
 
 import helion
 import torch
 
 from . import registry
+from .parallel import error_text
 from .spec import KernelSpec, Problem
 from .timing import time_ms
 from .verify import check_outputs, verify_config
@@ -175,8 +178,10 @@ def tune_problem(
     decision = ""
     if spec.dispatch_baseline is not None:
         unfused_ms = time_ms(spec.baselines(*args)[spec.dispatch_baseline])
-        extra["dispatch"] = dispatch_decision(latency, unfused_ms, spec.dispatch_baseline)
-        decision = f", {extra['dispatch']['choice']} (unfused {spec.dispatch_baseline}: {unfused_ms:.4f} ms)"
+        fused_ms = latency if spec.dispatch_fused is None else time_ms(spec.dispatch_fused(bound, args))
+        extra["dispatch"] = dispatch_decision(fused_ms, unfused_ms, spec.dispatch_baseline)
+        whole = "" if spec.dispatch_fused is None else f"fused op {fused_ms:.4f} ms, "
+        decision = f", {extra['dispatch']['choice']} ({whole}unfused {spec.dispatch_baseline}: {unfused_ms:.4f} ms)"
     meta = entry_meta(latency, rel_error, options, tune_seconds, near, **extra)
     meta["autotune"].update(search)
     entry = registry.Entry(shape=key, dtype=name, config=config, meta=meta)
@@ -378,7 +383,8 @@ def sweep(title: str, items: list[tuple[object, str]], tune_one) -> list[TuneRes
             try:
                 result = tune_one(key)
             except Exception as err:  # keep going: the other items are still worth tuning
-                result = TuneResult(key, "failed", time.perf_counter() - t0, f"{type(err).__name__}: {err}")
+                progress.console.print(traceback.format_exc(), markup=False, highlight=False)
+                result = TuneResult(key, "failed", time.perf_counter() - t0, error_text(err))
             results.append(result)
             style = {"tuned": "green", "skipped": "dim", "failed": "red"}[result.status]
             progress.console.print(f"[{style}]{result.status:8}[/] {result.key}  {result.message}")

@@ -248,7 +248,8 @@ def _opcheck_cases():
         ("rmsnorm_matmul", prenorm._OP, (a, b, EPS, None)),
         ("rmsnorm_matmul_unfused", prenorm._OP, (a, b, EPS, False)),
         ("matmul_layernorm_split_n", split_n._LAYERNORM, (a, b, w, bias, EPS, None)),
-        ("matmul_rmsnorm_matmul", split_n._DEFERRED, (a, b, c, EPS)),
+        ("matmul_rmsnorm_matmul", split_n._DEFERRED, (a, b, c, EPS, True)),
+        ("matmul_rmsnorm_matmul_unfused", split_n._DEFERRED, (a, b, c, EPS, False)),
     ]
 
 

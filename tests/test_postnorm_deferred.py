@@ -3,13 +3,17 @@ past the second GEMM. Reference mode, the Triton interpreter (several N tiles pe
 
 from __future__ import annotations
 
+import warnings
+
 import helion
 import pytest
 import torch
 
 from helion_kernels import matmul_rmsnorm_matmul
+from helion_kernels.spec import Shape
 from helion_kernels.kernels.postnorm_deferred import (
     SPEC,
+    dispatch_weight,
     matmul_rmsnorm_matmul_reference,
     matmul_rmsnorm_partials_kernel,
     rmsnorm_scaled_matmul_kernel,
@@ -97,12 +101,113 @@ def test_generated_code_under_the_interpreter(mean):
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_cuda(dtype, registry_dir):
+    """An empty registry: the kernels when forced (default configs, with a warning), cuBLAS +
+    the compiled norm + cuBLAS by default (no warning); both match the reference."""
+    from helion_kernels.registry import ConfigFallbackWarning
+
     for shape, mean in (((4096, 512, 2048, 512), 0.0), ((1000, 256, 1536, 384), 1e3)):
         a, b, c, w = _operands(*shape, dtype, "cuda", 7, mean=mean)
-        with pytest.warns(Warning):  # empty registry: default configs, with a warning
-            out = matmul_rmsnorm_matmul(a, b, c, w)
         ref = matmul_rmsnorm_matmul_reference(a, b, c, w)
-        check_outputs(out, ref, dtype)
+        with pytest.warns(ConfigFallbackWarning, match="default config"):
+            check_outputs(matmul_rmsnorm_matmul(a, b, c, w, fused=True), ref, dtype)
+        if mean == 0.0:  # the unfused path rounds x to bf16 before its norm, as PyTorch's pair does
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", ConfigFallbackWarning)
+                check_outputs(matmul_rmsnorm_matmul(a, b, c, w), ref, dtype)
+
+
+@pytest.mark.cuda
+def test_cuda_dispatch_timing(registry_dir):
+    """What tuning times for the decision: the whole fused op (both kernels) gives the
+    reference's output, and the unfused pipeline it is timed against does too."""
+    a, b = SPEC.make_args(Shape(2048, 256, 1024), torch.bfloat16, "cuda", 3)
+    c = dispatch_weight(a, b)
+    assert c.shape == (1024, 256)
+    ref = matmul_rmsnorm_matmul_reference(a, b, c)
+    with pytest.warns(Warning):  # default configs for both kernels
+        fused_op = SPEC.dispatch_fused(matmul_rmsnorm_partials_kernel, (a, b))
+        check_outputs(fused_op(), ref, torch.bfloat16)
+    check_outputs(SPEC.baselines(a, b)[SPEC.dispatch_baseline](), ref, torch.bfloat16)
+
+
+# --- dispatch: the kernels only where tuning measured the op faster --------------------------
+
+
+def _save_decision(shape: Shape, choice: str) -> None:
+    from helion_kernels import registry
+    from helion_kernels.registry import Entry
+
+    meta = {"latency_ms": 0.01, "dispatch": {"choice": choice, "fused_ms": 0.01, "unfused_ms": 0.02,
+                                             "unfused": SPEC.dispatch_baseline}}
+    config = helion.Config(block_sizes=[16, 16, 16], num_warps=4, num_stages=1, indexing="pointer")
+    registry.save_entry(SPEC.name, registry.gpu_key(torch.device("cpu")), Entry(shape, "float32", config, meta))
+
+
+@pytest.mark.parametrize("choice", ["fused", "unfused"])
+def test_dispatch_follows_the_registry(choice, decisions):
+    from helion_kernels import runtime
+    from helion_kernels.registry import ConfigFallbackWarning
+
+    assert SPEC.dispatch_baseline == "cublas+inductor_norm+cublas" and SPEC.dispatch_fused is not None
+    _save_decision(Shape(64, 32, 4096), choice)
+    args = SPEC.make_args(Shape(64, 32, 4096), torch.float32, "cpu", 0)
+    assert runtime.registry_choice(SPEC, args) is (choice == "fused")
+    near = SPEC.make_args(Shape(48, 32, 3000), torch.float32, "cpu", 0)
+    with pytest.warns(ConfigFallbackWarning) if choice == "unfused" else warnings.catch_warnings():
+        assert runtime.registry_choice(SPEC, near) is (choice == "fused")  # the nearest tuned shape's
+    assert runtime.registry_choice(SPEC, args, True) and not runtime.registry_choice(SPEC, args, False)
+
+
+def test_no_entry_means_unfused(decisions):
+    from helion_kernels import runtime
+
+    assert not runtime.registry_choice(SPEC, SPEC.make_args(Shape(64, 32, 4096), torch.float32, "cpu", 0))
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("choice", ["fused", "unfused", "forced"])
+def test_the_op_runs_the_recorded_path(choice, decisions, monkeypatch):
+    """End to end in the interpreter: the two kernels launch only where the registry chose
+    them (or ``fused=True``), and both paths give the op and its gradients."""
+    from helion_kernels import runtime
+
+    seen = []
+    launch, launch_kernel = runtime.launch, runtime.launch_kernel
+    monkeypatch.setattr(runtime, "launch", lambda spec, args: seen.append(spec.name) or launch(spec, args))
+    monkeypatch.setattr(runtime, "launch_kernel",
+                        lambda kernel, *rest: seen.append(kernel.name) or launch_kernel(kernel, *rest))
+    _save_decision(Shape(33, 48, 40), "unfused" if choice == "forced" else choice)
+    a, b, c, w = (t.requires_grad_() for t in _operands(33, 48, 40, 24, torch.float32, "cpu", 9))
+    from helion_kernels.registry import ConfigFallbackWarning
+
+    # The consumer runs the `matmul` entry at (M, N, N2), which this registry lacks.
+    with pytest.warns(ConfigFallbackWarning, match="matmul: ") if choice != "unfused" else warnings.catch_warnings():
+        out = matmul_rmsnorm_matmul(a, b, c, w, fused=True if choice == "forced" else None)
+    ref_inputs = [t.detach().double().requires_grad_() for t in (a, b, c, w)]
+    ref = matmul_rmsnorm_matmul_reference(*ref_inputs)
+    check_outputs(out, ref, torch.float32)
+    dout = torch.randn_like(out)
+    check_outputs(torch.autograd.grad(out, (a, b, c, w), dout),
+                  torch.autograd.grad(ref, ref_inputs, dout.double()), torch.float32)
+    assert seen == ([] if choice == "unfused" else ["matmul_rmsnorm_matmul", "rmsnorm_scaled_matmul_kernel"])
+
+
+@pytest.mark.ref_mode
+def test_fused_flag_is_checked(device):
+    a, b, c, w = _operands(4, 8, 16, 8, torch.float32, device, 29)
+    with pytest.raises(TypeError, match="matmul_rmsnorm_matmul: fused must be None, True or False"):
+        matmul_rmsnorm_matmul(a, b, c, w, fused="yes")
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("fused", [True, False])
+def test_both_paths_match_fp64(fused, device):
+    """Reference mode always runs the kernels unless forced off: both paths, M = 1 too."""
+    for shape in ((1, 64, 96, 48), (37, 100, 200, 72)):
+        a, b, c, w = _operands(*shape, torch.bfloat16, device, 13)
+        out = matmul_rmsnorm_matmul(a, b, c, w, fused=fused)
+        check_outputs(out, matmul_rmsnorm_matmul_reference(a.double(), b.double(), c.double(), w.double()),
+                      torch.bfloat16)
 
 
 @pytest.mark.ref_mode

@@ -37,6 +37,21 @@ def test_a_failing_shape_does_not_stop_the_sweep(monkeypatch):
     assert "RuntimeError: compile failed" in results[1].message
 
 
+def test_a_bare_assert_is_reported_with_its_line(monkeypatch, capsys):
+    """A failure without a message (an ``assert`` inside the autotuner) names the line that
+    raised it, and the sweep prints the traceback."""
+    def fake(spec, shape, dtype, options, device, progress_bar=True):
+        raise AssertionError  # as a bare assert outside pytest's rewritten modules
+
+    monkeypatch.setattr(tuning, "tune_problem", fake)
+    results = tuning.tune(get_spec("matmul"), [Shape(2, 8, 8)], torch.bfloat16, tuning.TuneOptions(),
+                          torch.device("cpu"))
+    assert results[0].status == "failed"
+    assert results[0].message.startswith("AssertionError at ") and "/tests/test_tuning.py:" in results[0].message
+    assert results[0].message.endswith("(raise AssertionError  # as a bare assert outside pytest's rewritten modules)")
+    assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
 def test_versions_name_what_decides_speed():
     assert set(tuning.versions()) == {"torch", "cuda", "triton", "helion"}
 

@@ -68,7 +68,12 @@ def unfused_layer_norm(a: torch.Tensor, b: torch.Tensor, weight, bias, eps: floa
 
 def unfused_rms_norm(a: torch.Tensor, b: torch.Tensor, weight, eps: float) -> tuple:
     """(y, rstd) of ``rms_norm(a @ b)`` the unfused way: cuBLAS, then the compiled norm."""
-    return _unfused_norm(_rms_norm_stats, torch.mm(a, b), weight, eps)
+    return compiled_rms_norm(torch.mm(a, b), weight, eps)
+
+
+def compiled_rms_norm(x: torch.Tensor, weight, eps: float) -> tuple:
+    """(y, rstd) of ``rms_norm(x)`` [M, N] by the compiled standalone norm (eager off CUDA)."""
+    return _unfused_norm(_rms_norm_stats, x, weight, eps)
 
 
 def _layer_norm_stats(x, weight, bias, eps):
@@ -187,7 +192,7 @@ def _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused, keep=False, lin
         c = _norm_input(a, b, linear_bias, residual, with_residual=False)
         return _unfused_norm(_rms_norm, c, residual, _like(weight, c), eps), None, None
     h = _norm_input(a, b, linear_bias, residual)
-    y, rstd = _unfused_norm(_rms_norm_stats, h, weight, eps)
+    y, rstd = compiled_rms_norm(h, weight, eps)
     return y, rstd, h if keep else None
 
 

@@ -18,8 +18,8 @@ from .. import checks, grads, registry, runtime
 from ..spec import Shape
 from ..grads import deferred_grads
 from ._op import Op
-from .postnorm import (backward_layernorm, backward_rmsnorm, contiguous_operands, setup_layernorm, setup_rmsnorm,
-                       unfused_layer_norm, unfused_rms_norm)
+from .postnorm import (backward_layernorm, backward_rmsnorm, compiled_rms_norm, contiguous_operands, setup_layernorm,
+                       setup_rmsnorm, unfused_layer_norm, unfused_rms_norm)
 from .prenorm import fold_rmsnorm_weight
 
 _row_sweep = runtime.LazyModule("helion_kernels.kernels.postnorm_split_n")
@@ -139,34 +139,34 @@ def matmul_rmsnorm_split_n(
     return (y, rstd) if return_rstd else y
 
 
-def _consumer_config(a: torch.Tensor, m: int, n: int, n2: int):
-    """The consumer GEMM's config: the plain ``matmul`` registry entry at (M, N, N2)."""
-    found = registry.lookup("matmul", Shape(m, n, n2), a.dtype, registry.gpu_key(a.device))
-    return _deferred.consumer_config(None if found.entry is None else found.entry.config)
-
-
-def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
-                    eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, eps: float,
+                    fused: bool | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, x = a @ b, rstd [M] fp32): the producer's output and the row statistics are
-    returned for the backward (x is written anyway)."""
+    returned for the backward (x is written anyway). The two kernels where the registry chose
+    them (:func:`~helion_kernels.runtime.registry_choice` at (M, K, N)), else cuBLAS, the
+    compiled norm and cuBLAS."""
     m, n, n2 = a.shape[0], b.shape[1], c.shape[1]
     if m == 0 or n2 == 0:
         x = torch.mm(a, b)
         return a.new_zeros(m, n2), x, grads.rms_rstd(x, eps)
     a, b, c = a.contiguous(), b.contiguous(), c.contiguous()
+    if not runtime.registry_choice(_deferred.SPEC, (a, b), fused):
+        x = torch.mm(a, b)
+        y, rstd = compiled_rms_norm(x, None, eps)  # the weight is in c
+        return torch.mm(y, c), x, rstd
     x, partials = runtime.launch(_deferred.SPEC, (a, b))
     out = runtime.launch_kernel(_deferred.rmsnorm_scaled_matmul_kernel, (x, c, partials, eps),
-                                lambda: _consumer_config(a, m, n, n2))
+                                lambda: _deferred.consumer_config_for(m, n, n2, a.dtype, a.device))
     return out, x, torch.rsqrt(partials.sum(dim=1) / n + eps)
 
 
-def _rmsnorm_matmul_fake(a, b, c, eps):
+def _rmsnorm_matmul_fake(a, b, c, eps, fused):
     m = a.shape[0]
     return a.new_empty(m, c.shape[1]), a.new_empty(m, b.shape[1]), a.new_empty(m, dtype=torch.float32)
 
 
 def _setup_deferred(ctx, inputs, output):
-    a, b, c, _ = inputs
+    a, b, c, *_ = inputs
     _, x, rstd = output
     ctx.set_materialize_grads(False)
     ctx.save_for_backward(a, b, c, x, rstd)
@@ -175,9 +175,9 @@ def _setup_deferred(ctx, inputs, output):
 
 def _backward_deferred(ctx, dout, *_):
     if dout is None:
-        return None, None, None, None
+        return None, None, None, None, None
     a, b, c, x, rstd = ctx.saved_tensors
-    return (*deferred_grads(a, b, c, x, rstd, dout, ctx.needs_input_grad[:3]), None)
+    return (*deferred_grads(a, b, c, x, rstd, dout, ctx.needs_input_grad[:3]), None, None)
 
 
 _DEFERRED = Op("matmul_rmsnorm_matmul", _rmsnorm_matmul, _rmsnorm_matmul_fake, backward=_backward_deferred,
@@ -190,6 +190,8 @@ def matmul_rmsnorm_matmul(
     c: torch.Tensor,
     weight: torch.Tensor | None = None,
     eps: float = 1e-5,
+    *,
+    fused: bool | None = None,
 ) -> torch.Tensor:
     """``rms_norm(a @ b, (N,), weight, eps) @ c`` without normalising ``a @ b`` (any N).
 
@@ -199,9 +201,13 @@ def matmul_rmsnorm_matmul(
     on ``x`` and ``w[:, None] * c`` and scales its accumulator by ``rstd``. For the Linear ->
     RMSNorm -> Linear pattern when nothing else reads the normalised activations. On the
     H200 it beats cuBLAS -> standalone RMSNorm -> cuBLAS only at K = 512 with N >= 2048
-    (``bench/results/``). The first GEMM's tiling is this op's registry entry at (M, K, N),
-    the second's the ``matmul`` entry at (M, N, N2), each falling back (with a warning) to
-    the nearest or a default config.
+    (``bench/results/``), so the op runs the two kernels only where tuning measured them at
+    least 2% faster than cuBLAS, the compiled norm and cuBLAS (timed at N2 = K) at this (M,
+    K, N), or at the nearest tuned shape (``fused=None``, as for the other GEMM + norm ops;
+    unfused on a GPU without entries). ``fused=True`` forces the kernels, ``fused=False``
+    the unfused path. The first GEMM's tiling is this op's registry entry at (M, K, N), the
+    second's the ``matmul`` entry at (M, N, N2), each falling back (with a warning) to the
+    nearest or a default config.
 
     Args:
         a: [M, K], bf16, fp16 or fp32, on a CUDA device.
@@ -219,7 +225,7 @@ def matmul_rmsnorm_matmul(
 
     Raises:
         TypeError, ValueError: as :func:`~helion_kernels.matmul_rmsnorm`, and for ``c`` not
-            [N, N2] in the same dtype and device, or N = 0.
+            [N, N2] in the same dtype and device, N = 0, or ``fused`` not None, True or False.
     """
     op = "matmul_rmsnorm_matmul"
     checks.gemm_operands(op, a, b)
@@ -235,7 +241,8 @@ def matmul_rmsnorm_matmul(
         raise ValueError(f"{op}: N must be at least 1 (the norm is over N), got b of shape {tuple(b.shape)}")
     checks.same_device(op, a, c)
     eps = checks.norm_params(op, a, n, eps, weight=weight)
+    checks.fused_flag(op, fused)
     runtime.check_runnable(op, a.device)
     if weight is not None:
         c = fold_rmsnorm_weight(weight, c)
-    return _DEFERRED(a, b, c, eps)[0]
+    return _DEFERRED(a, b, c, eps, fused)[0]
