@@ -102,6 +102,12 @@ OPS = {
     "matmul_rmsnorm_matmul": (
         lambda x: hk.matmul_rmsnorm_matmul(x["a"], x["b"], x["c"], x["w"], EPS),
         lambda x: F.rms_norm(x["a"] @ x["b"], (x["b"].shape[1],), x["w"], EPS) @ x["c"]),
+    "matmul_rmsnorm_matmul_fused": (
+        lambda x: hk.matmul_rmsnorm_matmul(x["a"], x["b"], x["c"], x["w"], EPS, fused=True),
+        lambda x: F.rms_norm(x["a"] @ x["b"], (x["b"].shape[1],), x["w"], EPS) @ x["c"]),
+    "matmul_rmsnorm_matmul_unfused": (
+        lambda x: hk.matmul_rmsnorm_matmul(x["a"], x["b"], x["c"], x["w"], EPS, fused=False),
+        lambda x: F.rms_norm(x["a"] @ x["b"], (x["b"].shape[1],), x["w"], EPS) @ x["c"]),
 }
 SHAPES = [(1, 48, 96, 40), (33, 100, 20, 12), (64, 64, 128, 64)]  # M = 1; K, N not powers of two
 
@@ -143,6 +149,16 @@ def test_gradients_with_large_row_means(name):
         leaves["a"][:, 0] = 30.0
         leaves["b"][0] = 3.0
     _grads_against_f64(name, leaves, torch.float32)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_double_backward_is_a_clear_error(name):
+    """create_graph=True raises, also where the incoming gradient needs no grad (out.sum()),
+    which once_differentiable alone lets through with silently constant gradients."""
+    leaves = _leaves(9, 16, 24, 8, torch.float32, seed=6)
+    out = OPS[name][0](leaves)
+    with pytest.raises(RuntimeError, match="the backward is not differentiable; create_graph=True"):
+        torch.autograd.grad(out.sum(), leaves["a"], create_graph=True)
 
 
 def test_only_requested_gradients_are_computed():

@@ -90,7 +90,8 @@ def matmul_layernorm_split_n(
     benchmarked shape (``bench/results/``), so ``matmul_layernorm`` does not dispatch to it,
     and this op itself runs the kernel only where tuning measured it at least 2% faster than
     cuBLAS + the compiled norm (``fused=None``: the registry's decision at this shape or the
-    nearest tuned one, as for the full-row ops; unfused on a GPU without entries; none of the
+    nearest tuned one, as for the full-row ops; unfused on a GPU with no entries for its
+    architecture (another GPU of the same architecture follows the tuned one's); none of the
     H200's tuned rows chose it). ``fused=True`` forces the kernel (with a conservative default
     config and a warning on a GPU without entries), ``fused=False`` cuBLAS + the compiled norm.
 
@@ -149,11 +150,11 @@ def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, eps: floa
     if m == 0 or n2 == 0:
         x = torch.mm(a, b)
         return a.new_zeros(m, n2), x, grads.rms_rstd(x, eps)
-    a, b, c = a.contiguous(), b.contiguous(), c.contiguous()
     if not runtime.registry_choice(_deferred.SPEC, (a, b), fused):
-        x = torch.mm(a, b)
+        x = torch.mm(a, b)  # cuBLAS reads a transposed (nn.Linear) weight in place
         y, rstd = compiled_rms_norm(x, None, eps)  # the weight is in c
         return torch.mm(y, c), x, rstd
+    a, b, c = a.contiguous(), b.contiguous(), c.contiguous()
     x, partials = runtime.launch(_deferred.SPEC, (a, b))
     out = runtime.launch_kernel(_deferred.rmsnorm_scaled_matmul_kernel, (x, c, partials, eps),
                                 lambda: _deferred.consumer_config_for(m, n, n2, a.dtype, a.device))
@@ -204,8 +205,9 @@ def matmul_rmsnorm_matmul(
     (``bench/results/``), so the op runs the two kernels only where tuning measured them at
     least 2% faster than cuBLAS, the compiled norm and cuBLAS (timed at N2 = K) at this (M,
     K, N), or at the nearest tuned shape (``fused=None``, as for the other GEMM + norm ops;
-    unfused on a GPU without entries). ``fused=True`` forces the kernels, ``fused=False``
-    the unfused path. The first GEMM's tiling is this op's registry entry at (M, K, N), the
+    unfused on a GPU with no entries for its architecture; in Helion's reference mode, which
+    has no timings, the kernels). The decision does not look at N2. ``fused=True`` forces the
+    kernels, ``fused=False`` the unfused path. The first GEMM's tiling is this op's registry entry at (M, K, N), the
     second's the ``matmul`` entry at (M, N, N2), each falling back (with a warning) to the
     nearest or a default config.
 
@@ -220,8 +222,9 @@ def matmul_rmsnorm_matmul(
     Returns:
         [M, N2] in the input dtype. ``x`` is stored in the input dtype between the GEMMs (as
         by cuBLAS + a standalone norm); statistics and accumulation are fp32. Differentiable
-        in ``a``, ``b``, ``c`` and ``weight``; the backward (:mod:`helion_kernels.grads`) saves the inputs
-        and recomputes ``a @ b`` and its statistics.
+        in ``a``, ``b``, ``c`` and ``weight`` (not twice: ``create_graph=True`` raises); the
+        backward (:func:`helion_kernels.grads.deferred_grads`) uses ``a``, ``b``, ``c`` and the
+        forward's ``x = a @ b`` [M, N] and ``rstd``, which are kept (one [M, N] activation).
 
     Raises:
         TypeError, ValueError: as :func:`~helion_kernels.matmul_rmsnorm`, and for ``c`` not
