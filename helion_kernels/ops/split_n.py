@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import checks, grads, registry, runtime
-from ..spec import Shape
+from .. import checks, grads, runtime
 from ..grads import deferred_grads
 from ._op import Op
 from .postnorm import (backward_layernorm, backward_rmsnorm, compiled_rms_norm, contiguous_operands, setup_layernorm,
@@ -207,9 +206,9 @@ def matmul_rmsnorm_matmul(
     K, N), or at the nearest tuned shape (``fused=None``, as for the other GEMM + norm ops;
     unfused on a GPU with no entries for its architecture; in Helion's reference mode, which
     has no timings, the kernels). The decision does not look at N2. ``fused=True`` forces the
-    kernels, ``fused=False`` the unfused path. The first GEMM's tiling is this op's registry entry at (M, K, N), the
-    second's the ``matmul`` entry at (M, N, N2), each falling back (with a warning) to the
-    nearest or a default config.
+    kernels, ``fused=False`` the unfused path. The first GEMM's tiling is this op's registry
+    entry at (M, K, N), the second's the ``matmul`` entry at (M, N, N2), each falling back
+    (with a warning) to the nearest or a default config.
 
     Args:
         a: [M, K], bf16, fp16 or fp32, on a CUDA device.
