@@ -60,7 +60,7 @@ def _op_cases():
          (a, b, w, 1e-5, True, False, False, w, torch.randn_like(a @ b))),
         ("matmul_layernorm_split_n", split_n._LAYERNORM, (a, b, w, bias, 1e-5, None)),
         ("matmul_rmsnorm_split_n", split_n._RMSNORM, (a, b, None, 1e-5, None)),
-        ("matmul_rmsnorm_matmul", split_n._DEFERRED, (a, b, c, 1e-5, None)),
+        ("matmul_rmsnorm_matmul", split_n._DEFERRED, (a, b, c, 1e-5, True)),
         ("matmul_rmsnorm_matmul_unfused", split_n._DEFERRED, (a, b, c, 1e-5, False)),
         ("gdpa", attention._GDPA, (q, k, v, qo, ko, 7, 8, "silu", 0.5, True)),
         ("flash_norm_attention", attention._FNA,
