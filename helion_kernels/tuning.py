@@ -5,7 +5,8 @@ most FLOPs, i.e. the longest sequences): Helion's autotuner (``autotune_effort``
 ``autotune_budget_seconds`` bound the time; the search is seeded with the nearest
 registered key's config and the spec's hand-picked tilings; every candidate is checked
 against the fp32 reference; each seed is then timed on its own, and the fastest seed replaces
-the search's pick where it timed faster, which a short budget leaves possible), then the
+the search's pick where it timed faster, which a short budget leaves possible, or where
+Helion's search itself raised: the error is printed and recorded in the entry), then the
 winning config is checked again
 (:func:`~.verify.verify_config`: several fresh random draws, and bitwise-identical repeated
 runs), timed by CUDA-graph replay and written to the user registry
@@ -130,6 +131,7 @@ def tune_problem(
         ValueError: ``device`` is not a CUDA device.
         VerificationError: the winning config fails :func:`verify_config` (a fresh draw
             off the fp32 reference, or repeated runs that differ); nothing is saved.
+        RuntimeError: Helion's search failed and no seed runs at this shape.
     """
     if device.type != "cuda":
         raise ValueError(f"autotuning needs a CUDA device, got {device}")
@@ -148,15 +150,20 @@ def tune_problem(
     kernel = tuning_kernel(spec, seeds, dtype, options, progress_bar, n_args=len(args))
     bound = kernel.bind(args)
     _LAST_SEARCH.clear()
-    # --force, or an entry being replaced: a fresh search, not Helion's cached answer
-    config = bound.autotune(args, force=options.force or existing is not None)
+    search_error = None
+    try:
+        # --force, or an entry being replaced: a fresh search, not Helion's cached answer
+        config = bound.autotune(args, force=options.force or existing is not None)
+    except Exception as err:  # Helion's search itself failed: the seeds may still run
+        traceback.print_exc()
+        config, search_error = None, error_text(err)
     search = dict(_LAST_SEARCH)
-    if spec.portable_config is not None:
+    if config is not None and spec.portable_config is not None:
         config = spec.portable_config(config)
         bound.set_config(config)
     tune_seconds = time.perf_counter() - t0
 
-    latency = time_ms(lambda: bound(*args))
+    latency = None if config is None else time_ms(lambda: bound(*args))
     # The best hand-picked seed, timed the same way: what the search added over the seeds.
     # (A kernel of its own: setting configs on spec.kernel's bound kernel would change what
     # the runtime's cached launches of this shape run.)
@@ -164,11 +171,11 @@ def tune_problem(
     seeds = [_portable(spec, seed) for seed in seeds]  # as a call would run them
     seed_ms, seed_index = best_seed(lambda: plain.bind(args), seeds, lambda b: time_ms(lambda: b(*args)))
     search.update(best_seed_ms=None if seed_ms is None else round(seed_ms, 5), best_seed=seed_index,
-                  search_ms=round(latency, 5), kept_seed=False)
+                  search_ms=None if latency is None else round(latency, 5), kept_seed=False)
+    if search_error is not None:
+        search["search_error"] = search_error
     seed = None if seed_index is None else seeds[seed_index]
-    if prefer_seed(latency, seed_ms, seed is not None and _same_config(seed, config)):
-        # A short budget can end Helion's search before it benchmarked every seed: never
-        # record a config clearly slower than the best seed.
+    if keep_seed(config, latency, seed, seed_ms, search_error):
         config = seed
         bound.set_config(config)
         latency = time_ms(lambda: bound(*args))
@@ -188,7 +195,9 @@ def tune_problem(
     registry.save_entry(spec.name, gpu, entry, gpu_name=torch.cuda.get_device_name(device))
     on = "" if problem == key else f" on {problem}"
     seeds_text = "no seed ran" if seed_ms is None else f"best seed {seed_ms:.4f} ms"
-    if search["kept_seed"]:
+    if search_error is not None:
+        seeds_text += f", kept: Helion's search failed: {search_error}"
+    elif search["kept_seed"]:
         seeds_text += f", kept: the search's pick took {search['search_ms']:.4f} ms"
     timed = f", {search['configs_tested']} configs timed" if "configs_tested" in search else ""
     if search.get("generations") == 0:
@@ -206,6 +215,23 @@ def tune_problem(
 # The best seed replaces the search's pick only when the pick took at least this much longer:
 # the two are separate timings (a kept seed re-timed came out 0.98-1.0x its first timing).
 SEED_MARGIN = 1.02
+
+
+def keep_seed(config, search_ms: float | None, seed, seed_ms: float | None, search_error: str | None) -> bool:
+    """Whether the best seed (``seed``, timed ``seed_ms``; None: no seed ran) replaces the
+    search's pick (``config``, timed ``search_ms``): always where Helion's search failed
+    (``search_error``; ``config`` None), else as :func:`prefer_seed` (a short budget can end
+    the search before it benchmarked every seed: never record a config clearly slower than
+    the best seed).
+
+    Raises:
+        RuntimeError: the search failed and no seed ran at this shape: nothing to record.
+    """
+    if config is None:
+        if seed is None:
+            raise RuntimeError(f"Helion's search failed ({search_error}) and no seed ran at this shape")
+        return True
+    return prefer_seed(search_ms, seed_ms, seed is not None and _same_config(seed, config))
 
 
 def prefer_seed(search_ms: float, seed_ms: float | None, same: bool) -> bool:

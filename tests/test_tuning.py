@@ -52,6 +52,19 @@ def test_a_bare_assert_is_reported_with_its_line(monkeypatch, capsys):
     assert "Traceback (most recent call last)" in capsys.readouterr().err
 
 
+def test_a_failed_search_keeps_the_best_seed():
+    """Helion's search raising (an internal assert) leaves the best seed, which is then
+    verified like any pick; with no seed that ran there is nothing to record."""
+    seed = helion.Config(block_sizes=[64, 64, 32], num_warps=4)
+    assert tuning.keep_seed(None, None, seed, 0.5, "AssertionError at x.py:1")
+    with pytest.raises(RuntimeError, match=r"search failed \(AssertionError at x.py:1\) and no seed ran"):
+        tuning.keep_seed(None, None, None, None, "AssertionError at x.py:1")
+    picked = helion.Config(block_sizes=[128, 64, 32], num_warps=8)
+    assert tuning.keep_seed(picked, 0.6, seed, 0.5, None)  # 1.2x slower than the seed
+    assert not tuning.keep_seed(picked, 0.505, seed, 0.5, None)  # within the 2% margin
+    assert not tuning.keep_seed(picked, 0.6, None, None, None)
+
+
 def test_versions_name_what_decides_speed():
     assert set(tuning.versions()) == {"torch", "cuda", "triton", "helion"}
 
