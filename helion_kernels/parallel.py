@@ -42,12 +42,13 @@ class Item:
 def error_text(err: BaseException) -> str:
     """One line for a failed item: the exception and, when its message says nothing (a bare
     ``assert``), the file and line that raised it."""
-    text = f"{type(err).__name__}: {err}".rstrip(": ")
+    if str(err):
+        return f"{type(err).__name__}: {err}"
     frames = traceback.extract_tb(err.__traceback__)
-    if frames and not str(err):
-        last = frames[-1]
-        text += f" at {'/'.join(last.filename.split('/')[-3:])}:{last.lineno} ({last.line})"
-    return text
+    if not frames:
+        return type(err).__name__
+    last = frames[-1]
+    return f"{type(err).__name__} at {'/'.join(last.filename.split('/')[-3:])}:{last.lineno} ({last.line})"
 
 
 def _worker(slot: int, job: Callable, failed: Callable, tasks, results, current) -> None:

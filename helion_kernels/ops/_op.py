@@ -68,18 +68,15 @@ def _autograd_function(name: str, impl: Callable, setup_context: Callable, backw
     def setup(ctx, inputs, output):
         setup_context(ctx, inputs, output)
 
-    @torch.autograd.function.once_differentiable
-    def first_order(ctx, *grads):
-        return backward(ctx, *grads)
-
     def backward_(ctx, *grads):
-        # No double backward: a clear error, not a wrong one. (once_differentiable alone
-        # raises only when an incoming gradient requires grad; after out.sum() none does,
-        # and the gradients would come back silently constant.)
+        # No double backward: a clear error, not a wrong one. Autograd runs a backward with grad
+        # mode on only for create_graph=True. (once_differentiable raises only when an incoming
+        # gradient requires grad; after out.sum() none does, and the second-order terms would
+        # be silently missing.)
         if torch.is_grad_enabled():
             raise RuntimeError(f"{name}: the backward is not differentiable; create_graph=True (a double "
                                f"backward, e.g. a gradient penalty) is not supported")
-        return first_order(ctx, *grads)
+        return backward(ctx, *grads)
 
     # Named after the op, so a graph's grad_fn reads "<op>Backward".
     return type(name, (torch.autograd.Function,), {
