@@ -1,7 +1,9 @@
-"""Inputs and float64 references shared by the post-norm GEMM tests (split-N, row sweep)."""
+"""Inputs, float64 references and registry decisions shared by the post-norm GEMM tests (split-N,
+row sweep, deferred)."""
 
 from __future__ import annotations
 
+import helion
 import torch
 
 from helion_kernels.kernels.postnorm_full_row import (
@@ -42,3 +44,15 @@ def ln_reference_f64(a, b, weight, bias, eps):
 def rms_reference_f64(a, b, weight, eps):
     """``rms_norm(a @ b)`` computed in float64: (y, rstd)."""
     return matmul_rmsnorm_reference(_f64(a), _f64(b), _f64(weight), eps)
+
+
+def save_decision(spec, shape: Shape, choice: str) -> None:
+    """A float32 CPU registry entry of ``spec`` at ``shape`` whose dispatch decision is
+    ``choice`` ("fused" or "unfused"), with a small config the interpreter can run."""
+    from helion_kernels import registry
+    from helion_kernels.registry import Entry
+
+    meta = {"latency_ms": 0.01, "dispatch": {"choice": choice, "fused_ms": 0.01, "unfused_ms": 0.02,
+                                             "unfused": spec.dispatch_baseline}}
+    config = helion.Config(block_sizes=[16, 16, 16], num_warps=4, num_stages=1, indexing="pointer")
+    registry.save_entry(spec.name, registry.gpu_key(torch.device("cpu")), Entry(shape, "float32", config, meta))

@@ -20,6 +20,8 @@ from helion_kernels.kernels.postnorm_deferred import (
 )
 from helion_kernels.verify import check_outputs
 
+from _postnorm_inputs import save_decision
+
 pytestmark = pytest.mark.usefixtures("poisoned_empty")
 
 
@@ -133,23 +135,13 @@ def test_cuda_dispatch_timing(registry_dir):
 # --- dispatch: the kernels only where tuning measured the op faster --------------------------
 
 
-def _save_decision(shape: Shape, choice: str) -> None:
-    from helion_kernels import registry
-    from helion_kernels.registry import Entry
-
-    meta = {"latency_ms": 0.01, "dispatch": {"choice": choice, "fused_ms": 0.01, "unfused_ms": 0.02,
-                                             "unfused": SPEC.dispatch_baseline}}
-    config = helion.Config(block_sizes=[16, 16, 16], num_warps=4, num_stages=1, indexing="pointer")
-    registry.save_entry(SPEC.name, registry.gpu_key(torch.device("cpu")), Entry(shape, "float32", config, meta))
-
-
 @pytest.mark.parametrize("choice", ["fused", "unfused"])
 def test_dispatch_follows_the_registry(choice, decisions):
     from helion_kernels import runtime
     from helion_kernels.registry import ConfigFallbackWarning
 
     assert SPEC.dispatch_baseline == "cublas+inductor_norm+cublas" and SPEC.dispatch_fused is not None
-    _save_decision(Shape(64, 32, 4096), choice)
+    save_decision(SPEC, Shape(64, 32, 4096), choice)
     args = SPEC.make_args(Shape(64, 32, 4096), torch.float32, "cpu", 0)
     assert runtime.registry_choice(SPEC, args) is (choice == "fused")
     near = SPEC.make_args(Shape(48, 32, 3000), torch.float32, "cpu", 0)
@@ -176,7 +168,7 @@ def test_the_op_runs_the_recorded_path(choice, decisions, monkeypatch):
     monkeypatch.setattr(runtime, "launch", lambda spec, args: seen.append(spec.name) or launch(spec, args))
     monkeypatch.setattr(runtime, "launch_kernel",
                         lambda kernel, *rest: seen.append(kernel.name) or launch_kernel(kernel, *rest))
-    _save_decision(Shape(33, 48, 40), "unfused" if choice == "forced" else choice)
+    save_decision(SPEC, Shape(33, 48, 40), "unfused" if choice == "forced" else choice)
     a, b, c, w = (t.requires_grad_() for t in _operands(33, 48, 40, 24, torch.float32, "cpu", 9))
     from helion_kernels.registry import ConfigFallbackWarning
 

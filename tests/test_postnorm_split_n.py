@@ -23,6 +23,7 @@ from helion_kernels.verify import check_outputs
 from _postnorm_inputs import ln_reference_f64 as _ln_reference
 from _postnorm_inputs import norm_inputs as _inputs
 from _postnorm_inputs import rms_reference_f64 as _rms_reference
+from _postnorm_inputs import save_decision
 
 pytestmark = pytest.mark.usefixtures("poisoned_empty")
 
@@ -242,16 +243,6 @@ def _no_fallback_warning():
 SPECS = {"layernorm": row_sweep.SPEC_LAYERNORM, "rmsnorm": row_sweep.SPEC_RMSNORM}
 
 
-def _save_decision(spec, shape: Shape, choice: str) -> None:
-    from helion_kernels import registry
-    from helion_kernels.registry import Entry
-
-    meta = {"latency_ms": 0.01, "dispatch": {"choice": choice, "fused_ms": 0.01, "unfused_ms": 0.02,
-                                             "unfused": spec.dispatch_baseline}}
-    config = helion.Config(block_sizes=[16, 16, 16], num_warps=4, num_stages=1, indexing="pointer")
-    registry.save_entry(spec.name, registry.gpu_key(torch.device("cpu")), Entry(shape, "float32", config, meta))
-
-
 def _kernel_args(norm: str, shape: Shape) -> tuple:
     a, b, w, bias, eps = _inputs(shape, torch.float32, "cpu", 41, "weight_bias")
     return (a, b, w, bias, eps) if norm == "layernorm" else (a, b, w, eps)
@@ -265,7 +256,7 @@ def test_dispatch_follows_the_registry_at_any_n(norm, choice, decisions):
 
     spec = SPECS[norm]
     assert spec.dispatch_baseline == "cublas+inductor_norm" and not has_n_limit(spec)
-    _save_decision(spec, Shape(64, 32, 4096), choice)
+    save_decision(spec, Shape(64, 32, 4096), choice)
     assert use_fused(spec, _kernel_args(norm, Shape(64, 32, 4096))) is (choice == "fused")
     with pytest.warns(ConfigFallbackWarning) if choice == "unfused" else _no_fallback_warning():
         assert use_fused(spec, _kernel_args(norm, Shape(48, 32, 3000))) is (choice == "fused")  # nearest
@@ -292,7 +283,7 @@ def test_the_ops_run_the_recorded_path(choice, decisions, monkeypatch):
     monkeypatch.setattr(runtime, "launch", lambda spec, args: seen.append(spec.name) or launch(spec, args))
     shape = Shape(33, 48, 40)
     for spec in SPECS.values():
-        _save_decision(spec, shape, choice)
+        save_decision(spec, shape, choice)
     a, b, w, bias, eps = _inputs(shape, torch.float32, "cpu", 43, "weight_bias")
     check_outputs(matmul_layernorm_split_n(a, b, w, bias, eps, return_stats=True), _ln_reference(a, b, w, bias, eps),
                   torch.float32)
