@@ -145,8 +145,13 @@ def tune_problem(
     near = registry.nearest_entry(entries, key, name)
 
     t0 = time.perf_counter()
-    seeds = ([helion.Config(**near.config)] if near is not None else []) + list(spec.seed_configs)
     args = spec.make_args(problem, dtype, device, options.seed)
+    # A kernel of its own for the seeds' timing below (setting configs on spec.kernel's bound
+    # kernel would change what the runtime's cached launches of this shape run).
+    plain = helion.kernel(spec.kernel.fn, static_shapes=spec.kernel.settings.static_shapes)
+    config_spec = plain.bind(args).config_spec
+    seeds = [fit_seed(config_spec, seed) for seed in
+             ([helion.Config(**near.config)] if near is not None else []) + list(spec.seed_configs)]
     kernel = tuning_kernel(spec, seeds, dtype, options, progress_bar, n_args=len(args))
     bound = kernel.bind(args)
     _LAST_SEARCH.clear()
@@ -165,9 +170,6 @@ def tune_problem(
 
     latency = None if config is None else time_ms(lambda: bound(*args))
     # The best hand-picked seed, timed the same way: what the search added over the seeds.
-    # (A kernel of its own: setting configs on spec.kernel's bound kernel would change what
-    # the runtime's cached launches of this shape run.)
-    plain = helion.kernel(spec.kernel.fn, static_shapes=spec.kernel.settings.static_shapes)
     seeds = [_portable(spec, seed) for seed in seeds]  # as a call would run them
     seed_ms, seed_index = best_seed(lambda: plain.bind(args), seeds, lambda b: time_ms(lambda: b(*args)))
     search.update(best_seed_ms=None if seed_ms is None else round(seed_ms, 5), best_seed=seed_index,
@@ -210,6 +212,30 @@ def tune_problem(
         f"tuned in {tune_seconds:.0f} s",
         entry,
     )
+
+
+def fit_seed(config_spec, config: helion.Config) -> helion.Config:
+    """``config`` with each per-access list (``indexing``, ``load_eviction_policies``, ...) cut,
+    or padded with the field's default, to the length it has in ``config_spec`` (a bound
+    kernel's ``config_spec``); ``config`` itself where every list fits.
+
+    A config made for another kernel (a registry entry derived from a kernel with more loads
+    and stores, or the nearest entry of an op whose kernel has changed since) can hold a longer
+    list. Helion 1.5 runs it, reading the first entries, but its search asserts when it encodes
+    such a seed for its surrogate model (``ConfigGeneration.encode_config``), and the whole
+    search fails: ``matmul_rmsnorm_matmul``'s derived entries held 10 ``indexing`` entries for
+    a kernel with 4 memory accesses.
+    """
+    try:
+        from helion.autotuner.config_fragment import ListOf  # Helion 1.5 internals
+    except ImportError:  # another Helion: seeds pass as they are
+        return config
+    fitted = dict(config.config)
+    for key, value in config.config.items():
+        field = getattr(config_spec, key, None)
+        if isinstance(field, ListOf) and isinstance(value, list) and len(value) != field.length:
+            fitted[key] = (list(value) + [field.inner.default()] * field.length)[:field.length]
+    return config if fitted == dict(config.config) else helion.Config(**fitted)
 
 
 # The best seed replaces the search's pick only when the pick took at least this much longer:

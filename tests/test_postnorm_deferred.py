@@ -122,12 +122,17 @@ def test_cuda(dtype, registry_dir):
 def test_cuda_dispatch_timing(registry_dir):
     """What tuning times for the decision: the whole fused op (both kernels) gives the
     reference's output, and the unfused pipeline it is timed against does too."""
+    from helion_kernels.registry import ConfigFallbackWarning
+
     a, b = SPEC.make_args(Shape(2048, 256, 1024), torch.bfloat16, "cuda", 3)
     c = dispatch_weight(a, b)
     assert c.shape == (1024, 256)
     ref = matmul_rmsnorm_matmul_reference(a, b, c)
-    with pytest.warns(Warning):  # default configs for both kernels
-        fused_op = SPEC.dispatch_fused(matmul_rmsnorm_partials_kernel, (a, b))
+    # The producer on an explicit config, as tuning passes it: a Helion kernel called without
+    # one autotunes (minutes on the GPU; reference mode never does, so only CUDA would stall).
+    producer = helion.kernel(matmul_rmsnorm_partials_kernel.fn, static_shapes=True, config=SPEC.default_config)
+    with pytest.warns(ConfigFallbackWarning):  # the consumer: no matmul entry, the default config
+        fused_op = SPEC.dispatch_fused(producer, (a, b))
         check_outputs(fused_op(), ref, torch.bfloat16)
     check_outputs(SPEC.baselines(a, b)[SPEC.dispatch_baseline](), ref, torch.bfloat16)
 

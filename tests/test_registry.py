@@ -256,3 +256,31 @@ def test_no_tuning_advice_for_the_cpu(registry_dir):
     of printing an autotune command that cannot run there."""
     with pytest.warns(ConfigFallbackWarning, match="Tune with: nothing: configs are tuned per GPU"):
         registry.lookup("k", Shape(8, 8, 8), torch.float32, "cpu")
+
+
+def test_committed_configs_fit_their_kernels():
+    """Every committed config can seed Helion's search for its kernel: each per-access list
+    (``indexing``, ...) has the length the kernel's config spec has. A longer one runs, but
+    Helion 1.5's search asserts when it encodes it as a seed, which failed every search of
+    ``matmul_rmsnorm_matmul`` (its entries, derived from the split-N kernel, held 10 indexing
+    entries for a kernel with 4). One binding per kernel: the lists do not depend on the shape."""
+    from helion.autotuner.config_generation import ConfigGeneration  # Helion 1.5 internals
+    from helion.runtime.settings import RefMode
+
+    from helion_kernels.kernels import get_spec
+    from helion_kernels.spec import AttentionRow
+    from helion_kernels.tuning import fit_seed
+
+    for path in sorted(registry.shipped_dir().glob("*/*.json")):
+        spec = get_spec(path.stem)
+        entries = list(registry.load_entries(path).values())
+        first = entries[0].shape
+        problem = (AttentionRow(2, first.H, first.D, 16, 16, 0.5, 0) if isinstance(first, AttentionShape)
+                   else Shape(64, first.K, first.N))
+        kernel = helion.kernel(spec.kernel.fn, static_shapes=spec.kernel.settings.static_shapes, ref_mode=RefMode.OFF)
+        config_spec = kernel.bind(spec.make_args(problem.for_codegen(), torch.bfloat16, "cpu", None)).config_spec
+        generation = ConfigGeneration(config_spec)
+        for entry in entries:
+            config = helion.Config(**entry.config)
+            assert fit_seed(config_spec, config) is config, f"{path.name}: {entry.key}"
+            generation.encode_config(generation.flatten(config))  # what failed the search

@@ -279,3 +279,30 @@ def test_a_seed_replaces_the_search_pick_only_clearly_faster_and_different():
     assert _same_config(seed, full)
     assert not _same_config(seed, helion.Config(**{**full.config, "indexing": ["tensor_descriptor", "pointer", "pointer"]}))
     assert not _same_config(seed, helion.Config(**{**full.config, "num_warps": 4}))
+
+
+def test_fit_seed_cuts_and_pads_per_access_lists():
+    """A seed's ``indexing`` list is fitted to the kernel's length (4 memory accesses in
+    matmul_rmsnorm_matmul's producer): cut from the 10 of the split-N kernel its registry
+    entries came from, padded with the default when short; a single string or a list that
+    fits is left as it is. Unfitted, Helion's search could not encode the seed."""
+    from helion.autotuner.config_generation import ConfigGeneration  # Helion 1.5 internals
+    from helion.runtime.settings import RefMode
+
+    spec = get_spec("matmul_rmsnorm_matmul")
+    kernel = helion.kernel(spec.kernel.fn, static_shapes=True, ref_mode=RefMode.OFF)
+    config_spec = kernel.bind(spec.make_args(Shape(64, 96, 256), torch.bfloat16, "cpu", None)).config_spec
+    generation = ConfigGeneration(config_spec)
+    base = {"block_sizes": [128, 64, 64], "num_warps": 4, "num_stages": 3}
+    long = helion.Config(**base, indexing=["tensor_descriptor"] + ["pointer"] * 9)
+    with pytest.raises(AssertionError):  # Helion's failure, which fit_seed avoids
+        generation.encode_config(generation.flatten(long))
+    fitted = tuning.fit_seed(config_spec, long)
+    assert fitted.config["indexing"] == ["tensor_descriptor", "pointer", "pointer", "pointer"]
+    assert {k: v for k, v in fitted.config.items() if k != "indexing"} == base
+    generation.encode_config(generation.flatten(fitted))
+    short = tuning.fit_seed(config_spec, helion.Config(**base, indexing=["tensor_descriptor"]))
+    assert short.config["indexing"] == ["tensor_descriptor", "pointer", "pointer", "pointer"]
+    for fits in (helion.Config(**base, indexing="tensor_descriptor"), helion.Config(**base, indexing=["pointer"] * 4),
+                 helion.Config(**base)):
+        assert tuning.fit_seed(config_spec, fits) is fits
