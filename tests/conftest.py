@@ -116,6 +116,20 @@ def poisoned_empty(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_autotuning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Helion kernel called without a config autotunes itself: minutes on a GPU, inside the
+    test (reference mode never does, so only the CUDA suite would stall). No test tunes for
+    real (tuning tests fake ``tune_problem``), so an autotune fails the test at once."""
+    from helion.runtime.kernel import BoundKernel
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError(f"{self.kernel.name}: called without a config, so Helion would autotune it "
+                           "inside a test; set one (as the ops' runtime and tune_problem do)")
+
+    monkeypatch.setattr(BoundKernel, "autotune", refuse)
+
+
+@pytest.fixture(autouse=True)
 def _fresh_kernel_cache():
     from helion_kernels import runtime
 

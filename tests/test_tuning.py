@@ -306,3 +306,13 @@ def test_fit_seed_cuts_and_pads_per_access_lists():
     for fits in (helion.Config(**base, indexing="tensor_descriptor"), helion.Config(**base, indexing=["pointer"] * 4),
                  helion.Config(**base)):
         assert tuning.fit_seed(config_spec, fits) is fits
+
+
+@pytest.mark.triton_interpret  # a compiled mode: reference mode never autotunes
+def test_a_kernel_called_without_a_config_fails_the_test_at_once():
+    """conftest's guard: on a GPU, a kernel called without a config would autotune for minutes
+    inside the test (what stalled the CUDA suite of 2026-12-02); under the guard it raises."""
+    kernel = helion.kernel(get_spec("matmul").kernel.fn, static_shapes=True)
+    a, b = torch.randn(32, 48), torch.randn(48, 16)
+    with pytest.raises(RuntimeError, match="called without a config, so Helion would autotune it"):
+        kernel(a, b)
