@@ -216,8 +216,8 @@ def tune_problem(
 
 def fit_seed(config_spec, config: helion.Config) -> helion.Config:
     """``config`` with each per-access list (``indexing``, ``load_eviction_policies``, ...) cut,
-    or padded with the field's default, to the length it has in ``config_spec`` (a bound
-    kernel's ``config_spec``); ``config`` itself where every list fits.
+    or padded with its last value (the field's default for an empty list), to the length it has
+    in ``config_spec`` (a bound kernel's ``config_spec``); ``config`` itself where every list fits.
 
     A config made for another kernel (a registry entry derived from a kernel with more loads
     and stores, or the nearest entry of an op whose kernel has changed since) can hold a longer
@@ -234,7 +234,8 @@ def fit_seed(config_spec, config: helion.Config) -> helion.Config:
     for key, value in config.config.items():
         field = getattr(config_spec, key, None)
         if isinstance(field, ListOf) and isinstance(value, list) and len(value) != field.length:
-            fitted[key] = (list(value) + [field.inner.default()] * field.length)[:field.length]
+            pad = value[-1] if value else field.inner.default()
+            fitted[key] = (list(value) + [pad] * field.length)[:field.length]
     return config if fitted == dict(config.config) else helion.Config(**fitted)
 
 

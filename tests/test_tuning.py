@@ -284,7 +284,7 @@ def test_a_seed_replaces_the_search_pick_only_clearly_faster_and_different():
 def test_fit_seed_cuts_and_pads_per_access_lists():
     """A seed's ``indexing`` list is fitted to the kernel's length (4 memory accesses in
     matmul_rmsnorm_matmul's producer): cut from the 10 of the split-N kernel its registry
-    entries came from, padded with the default when short; a single string or a list that
+    entries came from, padded with its last value when short; a single string or a list that
     fits is left as it is. Unfitted, Helion's search could not encode the seed."""
     from helion.autotuner.config_generation import ConfigGeneration  # Helion 1.5 internals
     from helion.runtime.settings import RefMode
@@ -301,8 +301,10 @@ def test_fit_seed_cuts_and_pads_per_access_lists():
     assert fitted.config["indexing"] == ["tensor_descriptor", "pointer", "pointer", "pointer"]
     assert {k: v for k, v in fitted.config.items() if k != "indexing"} == base
     generation.encode_config(generation.flatten(fitted))
-    short = tuning.fit_seed(config_spec, helion.Config(**base, indexing=["tensor_descriptor"]))
-    assert short.config["indexing"] == ["tensor_descriptor", "pointer", "pointer", "pointer"]
+    short = tuning.fit_seed(config_spec, helion.Config(**base, indexing=["pointer", "tensor_descriptor"]))
+    assert short.config["indexing"] == ["pointer"] + ["tensor_descriptor"] * 3
+    empty = tuning.fit_seed(config_spec, helion.Config(**base, indexing=[]))
+    assert empty.config["indexing"] == ["pointer"] * 4  # Helion's default
     for fits in (helion.Config(**base, indexing="tensor_descriptor"), helion.Config(**base, indexing=["pointer"] * 4),
                  helion.Config(**base)):
         assert tuning.fit_seed(config_spec, fits) is fits
