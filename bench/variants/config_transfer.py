@@ -13,7 +13,7 @@ and ``d_N`` say which dimension differs and by how many factors of 2.
 
     python bench/variants/config_transfer.py --kernel matmul --workload prenorm_rmsnorm [--where 'M == 65536']
 
-Writes ``bench/results/<gpu>/variants/config_transfer_<kernel>_<workload>.{csv,md}`` and prints
+Writes ``bench/results/<gpu>/variants/config_transfer_<kernel>_<workload>[_<where>].{csv,md}`` and prints
 the median and worst ``vs_own`` per changed dimension.
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -109,7 +110,9 @@ def main() -> int:
     if df.empty:
         print("config_transfer: no row has a tuned neighbour", file=sys.stderr)
         return 2
-    out = (args.out or RESULTS_DIR / gpu / "variants") / f"config_transfer_{spec.name}_{args.workload}"
+    # The rows selected name the file (the first run, of 'M == 65536', kept the name without them).
+    slug = "_" + re.sub(r"[^A-Za-z0-9]+", "_", args.where).strip("_") if args.where else ""
+    out = (args.out or RESULTS_DIR / gpu / "variants") / f"config_transfer_{spec.name}_{args.workload}{slug}"
     where = f" --where '{args.where}'" if args.where else ""
     write_table(df, out, f"A config tuned at one shape, timed at its neighbours: {spec.name} on {torch.cuda.get_device_name()}",
                 [f"command: `python bench/variants/config_transfer.py --kernel {spec.name} --workload {args.workload}{where} "
