@@ -28,7 +28,6 @@ Writes ``attention_training_step_<workload>[_graph][_<where>].{csv,md,json,png}`
 
 from __future__ import annotations
 
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -36,7 +35,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from helion_kernels import flash_norm_attention, gdpa, registry
+from helion_kernels import flash_norm_attention, gdpa, registry, workloads
 from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
 from helion_kernels.kernels.flash_norm_attention import EPS, compiled_unfused_block, norm_block, unfused_block
 from helion_kernels.kernels.gdpa import random_jagged_inputs
@@ -175,7 +174,7 @@ def main() -> int:
     meta["command"] = ("python bench/attention_training_step.py" + (f" --where {args.where!r}" if args.where else "")
                        + (" --timer graph" if args.timer == "graph" else ""))
     stem = (f"attention_training_step_{args.workload}" + ("_graph" if args.timer == "graph" else "")
-            + ("_" + re.sub(r"[^A-Za-z0-9]+", "_", args.where).strip("_") if args.where else ""))
+            + workloads.where_suffix(args.where))
     out = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
     paths = write_results(df, meta, out, stem, plot, notes=(
         "`speedup_vs_*` = that column's time / `fused_ms` (forward + backward)",))

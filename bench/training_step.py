@@ -29,7 +29,6 @@ compiled pair's.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import warnings
 from pathlib import Path
@@ -38,7 +37,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from helion_kernels import LinearLayerNorm, LinearRMSNorm, RMSNormLinear, matmul, registry
+from helion_kernels import LinearLayerNorm, LinearRMSNorm, RMSNormLinear, matmul, registry, workloads
 from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
 from helion_kernels.timing import measure_ceilings
 from helion_kernels.verify import check_outputs
@@ -231,7 +230,7 @@ def main() -> int:
     meta["command"] = ("python bench/training_step.py" + (f" --where {args.where!r}" if args.where else "")
                        + (" --timer graph" if args.timer == "graph" else "") + (" --bias" if args.bias else ""))
     stem = (f"training_step_{args.workload}" + ("_bias" if args.bias else "") + ("_graph" if args.timer == "graph" else "")
-            + ("_" + re.sub(r"[^A-Za-z0-9]+", "_", args.where).strip("_") if args.where else ""))
+            + workloads.where_suffix(args.where))
     out = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
     paths = write_results(df, meta, out, stem, plot, notes=(
         "`norm_share_removed_pct` = (compiled - best fused) / (compiled - gemms): 100 = the norm is free",))

@@ -159,9 +159,7 @@ def _cmd_autotune(args: argparse.Namespace) -> int:
 
 
 def _stem(args: argparse.Namespace, kernel: str) -> str:
-    stem = f"{kernel}_{args.workload}"
-    if args.where:
-        stem += "_" + re.sub(r"[^A-Za-z0-9]+", "_", args.where).strip("_")
+    stem = f"{kernel}_{args.workload}{workloads.where_suffix(args.where)}"
     return stem if args.dtype == "bfloat16" else f"{stem}_{args.dtype}"
 
 

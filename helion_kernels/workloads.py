@@ -12,6 +12,7 @@ of the same name in the user registry (:func:`~.registry.user_dir`) is read inst
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -38,6 +39,12 @@ def _path(name: str, kind: str) -> Path | None:
 def list_workloads(kind: str = "gemm") -> list[str]:
     folder = KINDS[kind][0]
     return sorted({p.stem for root in (user_dir(), shipped_dir()) for p in (root / folder).glob("*.csv")})
+
+
+def where_suffix(where: str | None) -> str:
+    """The part of a result file's name that says which rows a ``--where`` query selected:
+    ``"M == 65536"`` -> ``"_M_65536"``; "" without a query."""
+    return "_" + re.sub(r"[^A-Za-z0-9]+", "_", where).strip("_") if where else ""
 
 
 def load_workload(name: str, where: str | None = None, kind: str = "gemm") -> pd.DataFrame:

@@ -59,3 +59,12 @@ def test_malformed_attention_tables(registry_dir, row, bad):
         "batch,H,D,max_seq_len_q,seq_len_kv,fill,seed\n" + row + "\n")
     with pytest.raises(ValueError, match=bad):
         workloads.load_workload("t", kind="attention")
+
+
+def test_where_suffix_names_the_selected_rows():
+    """The committed result files are named with it (``..._M_65536``)."""
+    from helion_kernels.workloads import where_suffix
+
+    assert where_suffix("M == 65536") == "_M_65536"
+    assert where_suffix("K == 512 and N >= 2048") == "_K_512_and_N_2048"
+    assert where_suffix(None) == where_suffix("") == ""

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 from pathlib import Path
 
@@ -111,8 +110,8 @@ def main() -> int:
         print("config_transfer: no row has a tuned neighbour", file=sys.stderr)
         return 2
     # The rows selected name the file (the first run, of 'M == 65536', kept the name without them).
-    slug = "_" + re.sub(r"[^A-Za-z0-9]+", "_", args.where).strip("_") if args.where else ""
-    out = (args.out or RESULTS_DIR / gpu / "variants") / f"config_transfer_{spec.name}_{args.workload}{slug}"
+    suffix = workloads.where_suffix(args.where)
+    out = (args.out or RESULTS_DIR / gpu / "variants") / f"config_transfer_{spec.name}_{args.workload}{suffix}"
     where = f" --where '{args.where}'" if args.where else ""
     write_table(df, out, f"A config tuned at one shape, timed at its neighbours: {spec.name} on {torch.cuda.get_device_name()}",
                 [f"command: `python bench/variants/config_transfer.py --kernel {spec.name} --workload {args.workload}{where} "
