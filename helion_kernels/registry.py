@@ -332,6 +332,11 @@ def _update(kernel: str, gpu: str, change, gpu_name: str | None) -> Path:
 # file, 14 pairs). Provisional: one table, one timing per pair (about 1% noise), the N figure
 # from one pair (the other 11 within 1.2%), the M figure from one (K, N) and an entry that held
 # the pointer seed, not a config tuned at each M. An attention key's (H, D) weigh alike.
+# At M = 131072 with configs tuned at every row (config_transfer_matmul_prenorm_rmsnorm_M_131072.md,
+# 38 pairs) every transfer lost at most 3.3% in M, K or N, except where one side was the
+# flattened persistent tiling found at 256x512 (up to 21%): that is a config the other searches
+# missed, not a shape effect, so it is answered by seeding searches with the neighbours' configs
+# (neighbour_entries), not by new weights.
 GEMM_DISTANCE_WEIGHTS = Shape(M=0.5, K=0.25, N=1.0)
 
 
@@ -349,15 +354,30 @@ def _element_size(dtype: str) -> int | None:
     return dt.itemsize if isinstance(dt, torch.dtype) else None
 
 
-def nearest_entry(entries: dict[tuple, Entry], shape: Shape | AttentionShape, dtype: str) -> Entry | None:
-    """The entry closest to ``shape`` by the rule in this module's docstring."""
+def _by_distance(entries: dict[tuple, Entry], shape: Shape | AttentionShape, dtype: str) -> list[Entry]:
+    """The entries of ``shape``'s kind and ``dtype`` (else of a dtype of its size), nearest
+    first by :func:`shape_distance`, the larger shape first at equal distance."""
     size = _element_size(dtype)
     pool = [e for e in entries.values()
             if type(e.shape) is type(shape) and e.dtype == dtype] or [
         e for e in entries.values() if type(e.shape) is type(shape) and _element_size(e.dtype) == size]
-    if not pool:
-        return None
-    return min(pool, key=lambda e: (shape_distance(e.shape, shape), tuple(-x for x in e.shape)))
+    return sorted(pool, key=lambda e: (shape_distance(e.shape, shape), tuple(-x for x in e.shape)))
+
+
+def nearest_entry(entries: dict[tuple, Entry], shape: Shape | AttentionShape, dtype: str) -> Entry | None:
+    """The entry closest to ``shape`` by the rule in this module's docstring."""
+    pool = _by_distance(entries, shape, dtype)
+    return pool[0] if pool else None
+
+
+def neighbour_entries(entries: dict[tuple, Entry], shape: Shape | AttentionShape, dtype: str,
+                      max_distance: float = 1.0, limit: int = 4) -> list[Entry]:
+    """Up to ``limit`` entries within ``max_distance`` of ``shape`` (:func:`shape_distance`),
+    nearest first, the entry of ``shape`` itself left out; the autotuner seeds with their
+    configs besides the nearest entry's. With :data:`GEMM_DISTANCE_WEIGHTS` the default
+    distance reaches N within a factor of 2, M within 4 and K within 16."""
+    return [e for e in _by_distance(entries, shape, dtype)
+            if tuple(e.shape) != tuple(shape) and shape_distance(e.shape, shape) <= max_distance][:limit]
 
 
 def tune_command(kernel: str, shape: Shape | AttentionShape, dtype: str, gpu: str | None = None) -> str:

@@ -150,8 +150,7 @@ def tune_problem(
     # kernel would change what the runtime's cached launches of this shape run).
     plain = helion.kernel(spec.kernel.fn, static_shapes=spec.kernel.settings.static_shapes)
     config_spec = plain.bind(args).config_spec
-    seeds = [fit_seed(config_spec, seed) for seed in
-             ([helion.Config(**near.config)] if near is not None else []) + list(spec.seed_configs)]
+    seeds = registry_seeds(config_spec, entries, key, name, spec.seed_configs)
     kernel = tuning_kernel(spec, seeds, dtype, options, progress_bar, n_args=len(args))
     bound = kernel.bind(args)
     _LAST_SEARCH.clear()
@@ -173,6 +172,8 @@ def tune_problem(
     seeds = [_portable(spec, seed) for seed in seeds]  # as a call would run them
     seed_ms, seed_index = best_seed(lambda: plain.bind(args), seeds, lambda b: time_ms(lambda: b(*args)))
     search.update(best_seed_ms=None if seed_ms is None else round(seed_ms, 5), best_seed=seed_index,
+                  seeds=len(seeds),
+                  neighbours_seeded=[f"{e.shape}" for e in registry.neighbour_entries(entries, key, name)],
                   search_ms=None if latency is None else round(latency, 5), kept_seed=False)
     if search_error is not None:
         search["search_error"] = search_error
@@ -212,6 +213,27 @@ def tune_problem(
         f"tuned in {tune_seconds:.0f} s",
         entry,
     )
+
+
+def registry_seeds(config_spec, entries: dict, key, dtype: str, hand_picked=()) -> list[helion.Config]:
+    """The configs that seed a search at registry ``key``: the nearest entry's, then its
+    neighbours' (:func:`~.registry.neighbour_entries`), then ``hand_picked``, each fitted to
+    ``config_spec`` (:func:`fit_seed`), duplicates dropped.
+
+    The neighbours are there because a config found at one shape can beat the search at the
+    next: on the H200 the M = 131072 search at 256x512 found a flattened persistent loop that
+    ran 7.6-13.4% faster than the searches' own picks at 256x256, 256x1024 and 512x512, which
+    had been seeded from one nearest entry each
+    (``bench/results/nvidia_h200_sm90/variants/config_transfer_matmul_prenorm_rmsnorm_M_131072.md``).
+    """
+    near = registry.nearest_entry(entries, key, dtype)
+    found = ([near] if near is not None else []) + registry.neighbour_entries(entries, key, dtype)
+    seeds: list[helion.Config] = []
+    for config in [helion.Config(**e.config) for e in found] + list(hand_picked):
+        config = fit_seed(config_spec, config)
+        if all(dict(config.config) != dict(other.config) for other in seeds):
+            seeds.append(config)
+    return seeds
 
 
 def fit_seed(config_spec, config: helion.Config) -> helion.Config:

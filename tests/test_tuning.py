@@ -318,3 +318,42 @@ def test_a_kernel_called_without_a_config_fails_the_test_at_once():
     a, b = torch.randn(32, 48), torch.randn(48, 16)
     with pytest.raises(RuntimeError, match="called without a config, so Helion would autotune it"):
         kernel(a, b)
+
+
+def test_registry_seeds_nearest_then_neighbours_then_hand_picked():
+    """A search is seeded with the nearest entry's config, then its neighbours' (a config the
+    search found at 131072x256x512 beat the picks at three neighbouring shapes), then the
+    hand-picked seeds, each fitted to the kernel and none twice."""
+    from helion.runtime.settings import RefMode
+
+    from helion_kernels.registry import Entry
+
+    spec = get_spec("matmul_rmsnorm_matmul")
+    kernel = helion.kernel(spec.kernel.fn, static_shapes=True, ref_mode=RefMode.OFF)
+    config_spec = kernel.bind(spec.make_args(Shape(64, 96, 256), torch.bfloat16, "cpu", None)).config_spec
+    base = {"block_sizes": [128, 64, 64], "num_warps": 4, "num_stages": 3}
+    near = helion.Config(**base, indexing=["tensor_descriptor"] + ["pointer"] * 9)  # 10 accesses: cut to 4
+    other = helion.Config(**{**base, "num_warps": 8})
+    far = helion.Config(**{**base, "num_stages": 5})
+    entries = {e.key: e for e in (Entry(Shape(1024, 512, 512), "bfloat16", near.config, {}),
+                                  Entry(Shape(1024, 512, 1024), "bfloat16", other.config, {}),
+                                  Entry(Shape(1024, 1024, 256), "bfloat16", near.config, {}),  # a duplicate
+                                  Entry(Shape(1024, 512, 4096), "bfloat16", far.config, {}))}  # distance 3
+    seeds = tuning.registry_seeds(config_spec, entries, Shape(1024, 512, 512), "bfloat16", (other, far))
+    assert [dict(s.config) for s in seeds] == [
+        {**base, "indexing": ["tensor_descriptor"] + ["pointer"] * 3}, dict(other.config), dict(far.config)]
+    assert [dict(s.config) for s in tuning.registry_seeds(config_spec, {}, Shape(8, 8, 8), "bfloat16", (far,))] == [
+        dict(far.config)]
+
+
+@pytest.mark.triton_interpret  # code generation only
+@pytest.mark.parametrize("name", ["matmul", "rmsnorm_matmul", "rmsnorm_matmul_given_rstd"])
+def test_a_seed_flattens_the_persistent_tile_loop(name):
+    """The pre-norm GEMMs are seeded with the persistent tiling whose tile loop is flattened
+    into its k-loop(s), which Helion's search found at 131072x256x512 on the H200."""
+    spec = get_spec(name)
+    bound = spec.kernel.bind(spec.make_args(Shape(512, 512, 256), torch.bfloat16, "cpu", None))
+    flattened = [c for c in spec.seed_configs if (c.config.get("range_flattens") or [None])[0]]
+    assert len(flattened) == 1
+    code = bound.to_triton_code(flattened[0])
+    assert "total_pids, _NUM_SM, flatten=True)" in code

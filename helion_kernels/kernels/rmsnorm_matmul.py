@@ -42,6 +42,7 @@ from .matmul import (
     SEED_TMA_FLAT_128x256,
     SEED_TMA_PERSISTENT_128x128,
     SEED_TMA_PERSISTENT_128x256,
+    SEED_TMA_PERSISTENT_128x256_FLATTENED,
 )
 
 EPS = 1e-5
@@ -180,7 +181,8 @@ SPEC = KernelSpec(
     default_config=row_block_config(GEMM_DEFAULT_CONFIG, 64),
     seed_configs=tuple(row_block_config(g) for g in (
         SEED_TMA_PERSISTENT_128x256, SEED_POINTER_128x256, SEED_TMA_FLAT_128x256,
-        SEED_TMA_PERSISTENT_128x128, SEED_POINTER_128x128, SEED_POINTER_64x128)),
+        SEED_TMA_PERSISTENT_128x128, SEED_POINTER_128x128, SEED_POINTER_64x128,
+        SEED_TMA_PERSISTENT_128x256_FLATTENED)),
     baselines=_baselines,
     norm_baseline="inductor_norm",
     unfused_baselines=("cublas+inductor_norm", "cublas+liger_norm"),
