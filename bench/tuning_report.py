@@ -3,7 +3,8 @@
 Per entry of every kernel of one GPU (``configs/<gpu>/*.json``): the search budget and the
 seconds Helion's search took (the verification and the seed and unfused timings after it add
 6-20 s per GEMM shape on the H200), how many configs Helion's search timed, the best
-hand-picked seed's time beside the final config's (``search_gain`` = seed / final: what the
+seed's time (the nearest entry's config, other tuned neighbours' for entries tuned from
+2026-12-02 on, and the hand-picked tilings) beside the final config's (``search_gain`` = seed / final: what the
 search added over the seeds; two separate timings, so near 1.0, 0.98-1.0, when a seed was
 kept), the tiling picked, and the dispatch decision. A second table sums
 the search seconds per kernel and date: what a whole table's search took.
@@ -103,7 +104,8 @@ def main() -> int:
         " rounds; one the budget cut off counts, so configs_timed says what was timed; 0: only the first population;"
         " empty where the entry predates this record); compiler_seeds: False where `autotune --no-compiler-seeds` left"
         " Helion's own seeds out of the first population",
-        "- search_gain: best hand-picked seed's time / final config's time, two separate timings (CUDA-graph medians),"
+        "- search_gain: best seed's time (the nearest entry's config, the hand-picked tilings and, in entries that record"
+        " `seeds`, other tuned neighbours') / final config's time, two separate timings (CUDA-graph medians),"
         f" so within {NOISE} of 1 it is noise (a kept seed shows 0.98-1.0); kept_seed: the best seed replaced the search's"
         " pick, which timed slower (by 2% or more since that margin was added; the entry's search_ms); empty where the entry predates these records",
         "- tiling: block sizes, warps, stages, the first load's indexing, pid type; dispatch: the path the op runs"

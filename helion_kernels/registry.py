@@ -371,13 +371,13 @@ def nearest_entry(entries: dict[tuple, Entry], shape: Shape | AttentionShape, dt
 
 
 def neighbour_entries(entries: dict[tuple, Entry], shape: Shape | AttentionShape, dtype: str,
-                      max_distance: float = 1.0, limit: int = 4) -> list[Entry]:
-    """Up to ``limit`` entries within ``max_distance`` of ``shape`` (:func:`shape_distance`),
-    nearest first, the entry of ``shape`` itself left out; the autotuner seeds with their
-    configs besides the nearest entry's. With :data:`GEMM_DISTANCE_WEIGHTS` the default
-    distance reaches N within a factor of 2, M within 4 and K within 16."""
+                      max_distance: float = 1.0) -> list[Entry]:
+    """The entries within ``max_distance`` of ``shape`` (:func:`shape_distance`) from the pool
+    :func:`nearest_entry` draws on, nearest first, the entry at ``shape`` itself left out.
+    With :data:`GEMM_DISTANCE_WEIGHTS` the default distance reaches N within a factor of 2,
+    M within 4 and K within 16. The autotuner seeds a search with their configs."""
     return [e for e in _by_distance(entries, shape, dtype)
-            if tuple(e.shape) != tuple(shape) and shape_distance(e.shape, shape) <= max_distance][:limit]
+            if tuple(e.shape) != tuple(shape) and shape_distance(e.shape, shape) <= max_distance]
 
 
 def tune_command(kernel: str, shape: Shape | AttentionShape, dtype: str, gpu: str | None = None) -> str:

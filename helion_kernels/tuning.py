@@ -3,7 +3,8 @@
 Per registry key (a GEMM shape, or an attention (H, D) tuned on its workload row with the
 most FLOPs, i.e. the longest sequences): Helion's autotuner (``autotune_effort`` and
 ``autotune_budget_seconds`` bound the time; the search is seeded with the nearest
-registered key's config and the spec's hand-picked tilings; every candidate is checked
+registered key's config, distinct configs of tuned neighbouring keys and the spec's
+hand-picked tilings (:func:`registry_seeds`); every candidate is checked
 against the fp32 reference; each seed is then timed on its own, and the fastest seed replaces
 the search's pick where it timed faster, which a short budget leaves possible, or where
 Helion's search itself raised: the error is printed and recorded in the entry), then the
@@ -14,7 +15,7 @@ runs), timed by CUDA-graph replay and written to the user registry
 and the post-norms) the unfused pipeline is timed too and the faster of the two is
 recorded in the entry, which is what the public op then runs (the whole fused op is timed
 where the kernel is one of its launches: ``KernelSpec.dispatch_fused``). The entry and the printed line
-also give the best hand-picked seed's time, timed the same way, and how many configs Helion's
+also give the best seed's time (and where it came from), timed the same way, and how many configs Helion's
 search timed (its post-autotune hook): what the search added over the seeds. Helion's own cache (``HELION_CACHE_DIR``)
 makes an interrupted sweep resume cheaply; keys already in the registry are skipped unless
 ``force``, or ``retune_before`` a date later than theirs.
@@ -150,7 +151,8 @@ def tune_problem(
     # kernel would change what the runtime's cached launches of this shape run).
     plain = helion.kernel(spec.kernel.fn, static_shapes=spec.kernel.settings.static_shapes)
     config_spec = plain.bind(args).config_spec
-    seeds = registry_seeds(config_spec, entries, key, name, spec.seed_configs)
+    seeded = registry_seeds(config_spec, entries, key, name, spec.seed_configs)
+    seeds, sources = [c for c, _ in seeded], [source for _, source in seeded]
     kernel = tuning_kernel(spec, seeds, dtype, options, progress_bar, n_args=len(args))
     bound = kernel.bind(args)
     _LAST_SEARCH.clear()
@@ -168,12 +170,12 @@ def tune_problem(
     tune_seconds = time.perf_counter() - t0
 
     latency = None if config is None else time_ms(lambda: bound(*args))
-    # The best hand-picked seed, timed the same way: what the search added over the seeds.
+    # The best seed (registry entries' and hand-picked), timed the same way: what the search
+    # added over the seeds.
     seeds = [_portable(spec, seed) for seed in seeds]  # as a call would run them
     seed_ms, seed_index = best_seed(lambda: plain.bind(args), seeds, lambda b: time_ms(lambda: b(*args)))
     search.update(best_seed_ms=None if seed_ms is None else round(seed_ms, 5), best_seed=seed_index,
-                  seeds=len(seeds),
-                  neighbours_seeded=[f"{e.shape}" for e in registry.neighbour_entries(entries, key, name)],
+                  best_seed_from=None if seed_index is None else sources[seed_index], seeds=sources,
                   search_ms=None if latency is None else round(latency, 5), kept_seed=False)
     if search_error is not None:
         search["search_error"] = search_error
@@ -215,25 +217,58 @@ def tune_problem(
     )
 
 
-def registry_seeds(config_spec, entries: dict, key, dtype: str, hand_picked=()) -> list[helion.Config]:
-    """The configs that seed a search at registry ``key``: the nearest entry's, then its
-    neighbours' (:func:`~.registry.neighbour_entries`), then ``hand_picked``, each fitted to
-    ``config_spec`` (:func:`fit_seed`), duplicates dropped.
+# How many configs of tuned neighbouring shapes, besides the nearest entry's, seed a search
+# (distinct ones, not already among the seeds).
+NEIGHBOUR_SEEDS = 4
+
+
+def registry_seeds(config_spec, entries: dict, key, dtype: str, hand_picked=(),
+                   neighbours: int = NEIGHBOUR_SEEDS) -> list[tuple[helion.Config, str]]:
+    """The configs that seed a search at registry ``key``, each with where it came from:
+    the nearest entry's, then up to ``neighbours`` configs of other entries within distance 1
+    (:func:`~.registry.neighbour_entries`, nearest first) that are not already seeds, then
+    ``hand_picked``. Each is fitted to ``config_spec`` (:func:`fit_seed`); two configs that
+    Helion normalises to the same one count once (the first kept).
 
     The neighbours are there because a config found at one shape can beat the search at the
     next: on the H200 the M = 131072 search at 256x512 found a flattened persistent loop that
-    ran 7.6-13.4% faster than the searches' own picks at 256x256, 256x1024 and 512x512, which
-    had been seeded from one nearest entry each
+    took 7.6-13.4% less time than the searches' own picks at 256x256, 256x1024 and 512x512
     (``bench/results/nvidia_h200_sm90/variants/config_transfer_matmul_prenorm_rmsnorm_M_131072.md``).
     """
     near = registry.nearest_entry(entries, key, dtype)
-    found = ([near] if near is not None else []) + registry.neighbour_entries(entries, key, dtype)
-    seeds: list[helion.Config] = []
-    for config in [helion.Config(**e.config) for e in found] + list(hand_picked):
-        config = fit_seed(config_spec, config)
-        if all(dict(config.config) != dict(other.config) for other in seeds):
-            seeds.append(config)
+    fitted_hand = [(fit_seed(config_spec, c), f"hand-picked {i}") for i, c in enumerate(hand_picked)]
+    first = [] if near is None else [(fit_seed(config_spec, helion.Config(**near.config)),
+                                      f"entry {near.shape}" + ("" if near.dtype == dtype else f" {near.dtype}"))]
+    seen = [_normalised(config_spec, c) for c, _ in first + fitted_hand]
+    others = []
+    for e in registry.neighbour_entries(entries, key, dtype):
+        if len(others) == neighbours:
+            break
+        if near is not None and e is near:
+            continue
+        config = fit_seed(config_spec, helion.Config(**e.config))
+        normal = _normalised(config_spec, config)
+        if normal not in seen:
+            seen.append(normal)
+            others.append((config, f"entry {e.shape}" + ("" if e.dtype == dtype else f" {e.dtype}")))
+    seeds: list[tuple[helion.Config, str]] = []
+    kept: list[dict] = []
+    for config, source in first + others + fitted_hand:
+        normal = _normalised(config_spec, config)
+        if normal not in kept:
+            kept.append(normal)
+            seeds.append((config, source))
     return seeds
+
+
+def _normalised(config_spec, config: helion.Config) -> dict:
+    """``config`` as Helion normalises it for ``config_spec`` (defaults filled in, a single
+    ``indexing`` string spread over the accesses), to compare configs written differently;
+    the config as written where Helion cannot normalise it."""
+    try:
+        return dict(config_spec.normalized_config(config).config)
+    except Exception:  # Helion-internal API or an invalid config: compare as written
+        return dict(config.config)
 
 
 def fit_seed(config_spec, config: helion.Config) -> helion.Config:

@@ -92,9 +92,9 @@ def test_nearest_rule(registry_dir):
     assert registry.nearest_entry({}, Shape(1, 1, 1), "bfloat16") is None
 
 
-def test_neighbours_are_near_distinct_and_nearest_first():
-    """The entries whose configs seed a search besides the nearest one: within distance 1
-    (N x2, M x4, K x16), the row's own entry left out, nearest first, at most ``limit``."""
+def test_neighbours_are_near_and_nearest_first():
+    """The entries whose configs may seed a search: within distance 1 (N x2, M x4, K x16) by
+    default, the row's own entry left out, nearest first, of the dtype's pool."""
     at = {e.key: e for e in (_entry(131072, 256, 512), _entry(131072, 256, 1024), _entry(131072, 512, 512),
                              _entry(65536, 256, 256), _entry(131072, 256, 256), _entry(131072, 256, 2048),
                              _entry(131072, 256, 256, dtype="float32"))}
@@ -104,7 +104,9 @@ def test_neighbours_are_near_distinct_and_nearest_first():
     wider = registry.neighbour_entries(at, Shape(131072, 256, 256), "bfloat16", max_distance=2.0)
     assert [tuple(e.shape) for e in wider] == [(65536, 256, 256), (131072, 256, 512), (131072, 512, 512),
                                                (131072, 256, 1024)]  # distances 0.5, 1, 1.25, 2
-    assert len(registry.neighbour_entries(at, Shape(131072, 256, 256), "bfloat16", max_distance=9, limit=2)) == 2
+    # A key with no entry: its nearest entry is among its neighbours.
+    assert [tuple(e.shape) for e in registry.neighbour_entries(at, Shape(98304, 256, 256), "bfloat16")][:1] == [
+        (131072, 256, 256)]
     assert registry.neighbour_entries({}, Shape(1, 1, 1), "bfloat16") == []
 
 

@@ -320,10 +320,52 @@ def test_a_kernel_called_without_a_config_fails_the_test_at_once():
         kernel(a, b)
 
 
-def test_registry_seeds_nearest_then_neighbours_then_hand_picked():
-    """A search is seeded with the nearest entry's config, then its neighbours' (a config the
-    search found at 131072x256x512 beat the picks at three neighbouring shapes), then the
-    hand-picked seeds, each fitted to the kernel and none twice."""
+def _matmul_config_spec():
+    from helion.runtime.settings import RefMode
+
+    spec = get_spec("matmul")
+    kernel = helion.kernel(spec.kernel.fn, static_shapes=True, ref_mode=RefMode.OFF)
+    return kernel.bind(spec.make_args(Shape(64, 96, 256), torch.bfloat16, "cpu", None)).config_spec
+
+
+def test_registry_seeds_nearest_then_distinct_neighbours_then_hand_picked():
+    """A search is seeded with the nearest entry's config, then up to ``neighbours`` configs of
+    entries within distance 1 that are not seeds already (a config the search found at
+    131072x256x512 beat the picks at three neighbouring shapes), then the hand-picked seeds:
+    none twice, even written differently (sparse or with Helion's defaults filled in)."""
+    from helion_kernels.registry import Entry
+
+    config_spec = _matmul_config_spec()
+    cfg = lambda **kw: helion.Config(**{"block_sizes": [64, 64, 32], "num_warps": 4, "num_stages": 3, **kw})
+    hand = (cfg(num_warps=8), cfg(num_stages=4))
+    hand_full = config_spec.normalized_config(hand[0])  # the same config as hand[0], written in full
+    assert dict(hand_full.config) != dict(hand[0].config)
+    entry = lambda m, k, n, c: Entry(Shape(m, k, n), "bfloat16", dict(c.config), {})
+    entries = {e.key: e for e in (
+        entry(1024, 512, 512, cfg(num_stages=2)),      # the key itself: nearest, first
+        entry(1024, 256, 512, hand_full),               # distance 0.25, a hand-picked seed: skipped
+        entry(2048, 512, 512, cfg(num_stages=2)),       # 0.5, the nearest's config again: skipped
+        entry(1024, 1024, 512, cfg(num_stages=5)),      # 0.25: a neighbour
+        entry(4096, 512, 512, cfg(block_sizes=[32, 64, 32])),  # 1.0: a neighbour
+        entry(1024, 512, 1024, cfg(block_sizes=[64, 32, 32])),  # 1.0: past the limit of 2
+        entry(1024, 512, 4096, cfg(block_sizes=[16, 16, 16])),  # 3.0: too far
+    )}
+    got = tuning.registry_seeds(config_spec, entries, Shape(1024, 512, 512), "bfloat16", hand, neighbours=2)
+    assert [source for _, source in got] == ["entry 1024x512x512", "entry 1024x1024x512", "entry 4096x512x512",
+                                             "hand-picked 0", "hand-picked 1"]
+    assert [c.config["num_stages"] for c, _ in got][:3] == [2, 5, 3]
+    assert len(tuning.registry_seeds(config_spec, entries, Shape(1024, 512, 512), "bfloat16", hand)) == 6
+    # A key with no entry: the nearest entry first, never again as a neighbour.
+    new_key = tuning.registry_seeds(config_spec, entries, Shape(1024, 512, 600), "bfloat16", ())
+    assert [source for _, source in new_key][0] == "entry 1024x512x512"
+    assert len({source for _, source in new_key}) == len(new_key)
+    assert [dict(c.config) for c, _ in tuning.registry_seeds(config_spec, {}, Shape(8, 8, 8), "bfloat16", hand)] == [
+        dict(h.config) for h in hand]
+
+
+def test_registry_seeds_fit_an_entry_made_for_another_kernel():
+    """The nearest entry's per-access lists are fitted to the kernel (10 indexing values of the
+    split-N kernel cut to matmul_rmsnorm_matmul's 4)."""
     from helion.runtime.settings import RefMode
 
     from helion_kernels.registry import Entry
@@ -332,18 +374,10 @@ def test_registry_seeds_nearest_then_neighbours_then_hand_picked():
     kernel = helion.kernel(spec.kernel.fn, static_shapes=True, ref_mode=RefMode.OFF)
     config_spec = kernel.bind(spec.make_args(Shape(64, 96, 256), torch.bfloat16, "cpu", None)).config_spec
     base = {"block_sizes": [128, 64, 64], "num_warps": 4, "num_stages": 3}
-    near = helion.Config(**base, indexing=["tensor_descriptor"] + ["pointer"] * 9)  # 10 accesses: cut to 4
-    other = helion.Config(**{**base, "num_warps": 8})
-    far = helion.Config(**{**base, "num_stages": 5})
-    entries = {e.key: e for e in (Entry(Shape(1024, 512, 512), "bfloat16", near.config, {}),
-                                  Entry(Shape(1024, 512, 1024), "bfloat16", other.config, {}),
-                                  Entry(Shape(1024, 1024, 256), "bfloat16", near.config, {}),  # a duplicate
-                                  Entry(Shape(1024, 512, 4096), "bfloat16", far.config, {}))}  # distance 3
-    seeds = tuning.registry_seeds(config_spec, entries, Shape(1024, 512, 512), "bfloat16", (other, far))
-    assert [dict(s.config) for s in seeds] == [
-        {**base, "indexing": ["tensor_descriptor"] + ["pointer"] * 3}, dict(other.config), dict(far.config)]
-    assert [dict(s.config) for s in tuning.registry_seeds(config_spec, {}, Shape(8, 8, 8), "bfloat16", (far,))] == [
-        dict(far.config)]
+    long = helion.Config(**base, indexing=["tensor_descriptor"] + ["pointer"] * 9)
+    entries = {(1024, 512, 512, "bfloat16"): Entry(Shape(1024, 512, 512), "bfloat16", dict(long.config), {})}
+    (config, source), = tuning.registry_seeds(config_spec, entries, Shape(1024, 512, 512), "bfloat16")
+    assert config.config["indexing"] == ["tensor_descriptor"] + ["pointer"] * 3 and source == "entry 1024x512x512"
 
 
 @pytest.mark.triton_interpret  # code generation only

@@ -42,7 +42,7 @@ SEED_POINTER_64x128 = helion.Config(
     block_sizes=[64, 128, 64], num_warps=4, num_stages=4, indexing="pointer", l2_groupings=[4])
 # The first with its persistent tile loop flattened into the k-loop (Triton's
 # ``tl.range(..., flatten=True)``: the next tile's loads overlap this tile's epilogue). Helion's
-# search found it at 131072x256x512; it ran 7.6-13.4% faster than the searches' picks at three
+# search found it at 131072x256x512; it took 7.6-13.4% less time than the searches' picks at three
 # other K <= 512 shapes (bench/results/nvidia_h200_sm90/variants/config_transfer_matmul_prenorm_rmsnorm_M_131072.md).
 SEED_TMA_PERSISTENT_128x256_FLATTENED = helion.Config(
     block_sizes=[128, 256, 64], num_warps=8, num_stages=3, indexing="tensor_descriptor",
