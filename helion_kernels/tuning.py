@@ -235,26 +235,27 @@ def registry_seeds(config_spec, entries: dict, key, dtype: str, hand_picked=(),
     took 7.6-13.4% less time than the searches' own picks at 256x256, 256x1024 and 512x512
     (``bench/results/nvidia_h200_sm90/variants/config_transfer_matmul_prenorm_rmsnorm_M_131072.md``).
     """
+    def seed(config: dict | helion.Config, source: str) -> tuple[helion.Config, str, dict]:
+        fitted = fit_seed(config_spec, config if isinstance(config, helion.Config) else helion.Config(**config))
+        return fitted, source, _normalised(config_spec, fitted)
+
+    def entry_seed(e: registry.Entry):
+        return seed(e.config, f"entry {e.shape}" + ("" if e.dtype == dtype else f" {e.dtype}"))
+
     near = registry.nearest_entry(entries, key, dtype)
-    fitted_hand = [(fit_seed(config_spec, c), f"hand-picked {i}") for i, c in enumerate(hand_picked)]
-    first = [] if near is None else [(fit_seed(config_spec, helion.Config(**near.config)),
-                                      f"entry {near.shape}" + ("" if near.dtype == dtype else f" {near.dtype}"))]
-    seen = [_normalised(config_spec, c) for c, _ in first + fitted_hand]
+    first = [] if near is None else [entry_seed(near)]
+    hand = [seed(c, f"hand-picked {i}") for i, c in enumerate(hand_picked)]
+    taken = [normal for *_, normal in first + hand]
     others = []
     for e in registry.neighbour_entries(entries, key, dtype):
         if len(others) == neighbours:
             break
-        if near is not None and e is near:
-            continue
-        config = fit_seed(config_spec, helion.Config(**e.config))
-        normal = _normalised(config_spec, config)
-        if normal not in seen:
-            seen.append(normal)
-            others.append((config, f"entry {e.shape}" + ("" if e.dtype == dtype else f" {e.dtype}")))
+        if e is not near and (candidate := entry_seed(e))[2] not in taken:
+            taken.append(candidate[2])
+            others.append(candidate)
     seeds: list[tuple[helion.Config, str]] = []
     kept: list[dict] = []
-    for config, source in first + others + fitted_hand:
-        normal = _normalised(config_spec, config)
+    for config, source, normal in first + others + hand:  # the hand-picked may repeat the nearest
         if normal not in kept:
             kept.append(normal)
             seeds.append((config, source))
