@@ -34,12 +34,14 @@ NOISE = 1.02
 
 
 def _tiling(config: dict) -> str:
-    """block sizes, warps/stages, indexing of the first load, pid type: e.g.
-    ``128x256x64 w8 s3 tensor_descriptor persistent_interleaved``."""
+    """block sizes, warps/stages, indexing of the first load, pid type, and ``flattened`` where
+    a loop is flattened into the one inside it (``range_flattens``): e.g.
+    ``128x256x64 w8 s3 tensor_descriptor persistent_interleaved flattened``."""
     indexing = config.get("indexing", "pointer")
     first = indexing[0] if isinstance(indexing, list) and indexing else indexing
+    flattened = " flattened" if any(config.get("range_flattens") or []) else ""
     return (f"{'x'.join(map(str, config.get('block_sizes', [])))} w{config.get('num_warps')} "
-            f"s{config.get('num_stages')} {first} {config.get('pid_type', 'flat')}")
+            f"s{config.get('num_stages')} {first} {config.get('pid_type', 'flat')}{flattened}")
 
 
 def report(folder: Path) -> pd.DataFrame:
@@ -60,7 +62,7 @@ def report(folder: Path) -> pd.DataFrame:
                 "search_gain": round(seed_ms / final_ms, 3) if seed_ms and final_ms else None,
                 "kept_seed": tune.get("kept_seed"),
                 "tiling": _tiling(entry.config),
-                "dispatch": entry.meta.get("dispatch", {}).get("choice", ""),
+                "dispatch": registry.dispatch_text(entry.meta["dispatch"]) if "dispatch" in entry.meta else "",
             })
     return pd.DataFrame(rows)
 
@@ -108,7 +110,7 @@ def main() -> int:
         " `seeds`, other tuned neighbours') / final config's time, two separate timings (CUDA-graph medians),"
         f" so within {NOISE} of 1 it is noise (a kept seed shows 0.98-1.0); kept_seed: the best seed replaced the search's"
         " pick, which timed slower (by 2% or more since that margin was added; the entry's search_ms); empty where the entry predates these records",
-        "- tiling: block sizes, warps, stages, the first load's indexing, pid type; dispatch: the path the op runs"
+        "- tiling: block sizes, warps, stages, the first load's indexing, pid type, flattened where the persistent tile loop is flattened into the k-loop; dispatch: the path the op runs"
         " there (fused kernel or unfused pipeline), where the kernel has a dispatcher",
         f"- totals: search_beat_seeds = entries whose search_gain exceeds {NOISE}; with_seed_time = entries that recorded"
         " a seed time; budget_s = the median budget; tuning_s empty where the entries record no tuning",

@@ -284,7 +284,8 @@ def _cpu_bench(args: argparse.Namespace, spec, problems: list) -> int:
     print("\n" + CPU_LEGEND)
     if "runs" in report.columns:
         print(textwrap.fill("runs = what the op runs at that row: the fused kernel, or its unfused pipeline "
-                            "(the registry's recorded choice, or N past the full-row limit).", WIDTH))
+                            "(the registry's recorded choice, or N past the full-row limit); unfused (Liger norm) = "
+                            "cuBLAS + Liger's norm, where liger-kernel is installed (else the compiled norm).", WIDTH))
     if len(report) < len(problems) * max(1, len(registry.known_gpus())):
         fields = type(problems[0].key)._fields
         why = ("rows that share a key are listed once" if "M" in fields

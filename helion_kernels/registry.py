@@ -74,6 +74,14 @@ class ConfigFallbackWarning(UserWarning):
     """A call runs with a config tuned for another shape or GPU, or with the default config."""
 
 
+def dispatch_text(dispatch: dict) -> str:
+    """A registry entry's dispatch record in a word or three: ``fused``, ``unfused``, or
+    ``unfused (Liger norm)`` where the unfused path is cuBLAS + Liger's norm (run where
+    liger-kernel is installed)."""
+    choice = dispatch.get("choice", "unfused")
+    return "unfused (Liger norm)" if choice == "unfused" and dispatch.get("unfused") == "cublas+liger_norm" else choice
+
+
 def _config_dict(config) -> dict:
     """A config as its JSON dict: a ``helion.Config`` (anything with ``to_json``) or a dict."""
     if hasattr(config, "to_json"):

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import registry
+from . import liger_norm, registry
 from .kernels import cpu_reference_mode
 from .spec import KernelSpec
 
@@ -69,8 +69,8 @@ class Resolved:
 _BOUND: dict[tuple, tuple[Any, Resolved]] = {}
 # (kernel name, specialization) -> compiled BoundKernel, for kernels run outside a spec
 _KERNEL_BOUND: dict[tuple, Any] = {}
-# (spec name, key, dtype, gpu) -> whether the registry chose the fused kernel
-_FUSED_CHOICE: dict[tuple, bool] = {}
+# (spec name, key, dtype, gpu) -> the registry's decision for such calls (_Decision)
+_FUSED_CHOICE: dict[tuple, "_Decision"] = {}
 # spec name -> the kernel's dynamic-shape build (KernelSpec.dynamic_m)
 _DYNAMIC_BUILDS: dict[str, Any] = {}
 # fallback warnings already given for a dynamic_m spec: (kind, spec name, key without M, dtype, gpu)
@@ -208,6 +208,53 @@ def launch_kernel(kernel, args: tuple, config: Callable[[], Any] | None = None):
     return bound(*args)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Decision:
+    fused: bool  # run the fused kernel
+    pipeline: str | None  # the unfused pipeline (a key of the spec's baselines); None: no entry
+    followed: Any = None  # the nearest entry followed when the key has no entry of its own
+
+
+# An unfused pipeline other than the spec's dispatch_baseline is followed from an entry at
+# most this far (registry.shape_distance: N within 2x, M within 4x, K within 16x): Liger's
+# norm was measured faster at some N, and holds a whole row in one block, which has not
+# been measured at N far from the tuned rows.
+ALTERNATIVE_PIPELINE_REACH = 1.0
+
+
+def _decision(spec: KernelSpec, args: tuple) -> _Decision:
+    """The registry's decision for a call of ``spec`` (exact or nearest entry, cached per
+    key, dtype and GPU), where an alternative unfused pipeline the entry names is checked
+    against this machine: Liger's norm (:mod:`.liger_norm`) only where it can run here
+    and the entry is within :data:`ALTERNATIVE_PIPELINE_REACH`; else the spec's
+    ``dispatch_baseline``, with the fused-or-unfused choice taken again against that
+    pipeline's recorded time (the entry's margin), where it was timed."""
+    a = args[0]
+    key = spec.key_of(args)
+    dtype, gpu = registry.dtype_name(a.dtype), registry.gpu_key(a.device)
+    cache_key = (spec.name, key, dtype, gpu)
+    if cache_key not in _FUSED_CHOICE:
+        found = registry.lookup(spec.name, key, dtype, gpu, warn=False)
+        entry = found.entry
+        record = {} if entry is None else entry.meta.get("dispatch", {})
+        fused, pipeline = record.get("choice") == "fused", record.get("unfused")
+        if pipeline is not None and pipeline != spec.dispatch_baseline and not (
+                _alternative_runs(pipeline, a.device, args[1].shape[1])
+                and registry.shape_distance(entry.shape, key) <= ALTERNATIVE_PIPELINE_REACH):
+            pipeline = spec.dispatch_baseline
+            timed = record.get("unfused_timed_ms", {}).get(pipeline)
+            if timed is not None:
+                fused = timed >= record.get("margin", 1.0) * record["fused_ms"]
+        _FUSED_CHOICE[cache_key] = _Decision(fused, pipeline, None if found.source == "exact" else entry)
+    return _FUSED_CHOICE[cache_key]
+
+
+def _alternative_runs(pipeline: str, device: torch.device, n: int) -> bool:
+    """Whether this machine can run the unfused ``pipeline`` of a registry entry other than
+    the compiled norm's (the only one: cuBLAS + Liger's norm)."""
+    return pipeline == liger_norm.PIPELINE and liger_norm.available(device, n)
+
+
 def fused_choice(spec: KernelSpec, args: tuple) -> bool:
     """The registry's dispatch decision for a call of ``spec`` (one with a
     ``dispatch_baseline``), read without compiling anything.
@@ -217,23 +264,28 @@ def fused_choice(spec: KernelSpec, args: tuple) -> bool:
     says so when that one chose unfused; a fused choice warns when the kernel resolves its
     config); False for a GPU with no entry at all.
     """
-    a = args[0]
-    key = spec.key_of(args)
-    dtype, gpu = registry.dtype_name(a.dtype), registry.gpu_key(a.device)
-    cache_key = (spec.name, key, dtype, gpu)
-    if cache_key not in _FUSED_CHOICE:
-        found = registry.lookup(spec.name, key, dtype, gpu, warn=False)
-        entry = found.entry
-        choice = entry is not None and entry.meta.get("dispatch", {}).get("choice") == "fused"
-        if (entry is not None and not choice and found.source != "exact"
-                and _first_warning("dispatch", spec, key, a.dtype, gpu)):
+    decision = _decision(spec, args)
+    followed = decision.followed
+    if followed is not None and not decision.fused:
+        a = args[0]
+        key, gpu = spec.key_of(args), registry.gpu_key(a.device)
+        if _first_warning("dispatch", spec, key, a.dtype, gpu):
+            dtype = registry.dtype_name(a.dtype)
             warnings.warn(
                 f"{spec.name}: no dispatch decision tuned for {key} {dtype} on {gpu}; "
-                f"following the one tuned for {entry.shape} {entry.dtype} (unfused). Tune this "
+                f"following the one tuned for {followed.shape} {followed.dtype} (unfused). Tune this "
                 f"shape with: {registry.tune_command(spec.name, key, dtype, gpu)}",
                 registry.ConfigFallbackWarning, stacklevel=4)
-        _FUSED_CHOICE[cache_key] = choice
-    return _FUSED_CHOICE[cache_key]
+    return decision.fused
+
+
+def unfused_pipeline(spec: KernelSpec, args: tuple) -> str | None:
+    """The unfused pipeline a call of ``spec``'s op runs when it does not run the fused
+    kernel (forced or not): the one the registry entry names (exact, or nearest as
+    :func:`fused_choice` finds it; no warning here), ``spec.dispatch_baseline`` (cuBLAS +
+    the compiled norm) where that one cannot run on this machine or the entry is far (see
+    :func:`_decision`); None without an entry."""
+    return _decision(spec, args).pipeline
 
 
 def registry_choice(spec: KernelSpec, args: tuple, fused: bool | None = None) -> bool:

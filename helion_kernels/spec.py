@@ -136,6 +136,12 @@ class KernelSpec:
         dispatch_baseline: key in ``baselines`` of the unfused pipeline the fused kernel must
             beat to be used at all: tuning times both and records the winner in the registry
             entry, and the public op runs it. None: always fused.
+        dispatch_alternatives: keys in ``baselines`` of other unfused pipelines the op can
+            run instead of ``dispatch_baseline`` (``"cublas+liger_norm"``: Liger's norm, present
+            in ``baselines`` only where liger-kernel is installed): tuning times them too, and
+            the entry names the fastest by the dispatch margin as the op's unfused path
+            (:func:`~.tuning.dispatch_decision`); the op must be able to run each
+            (:mod:`.liger_norm`).
         dispatch_fused: ``(run, args) -> zero-arg callable``: the fused pipeline that tuning
             times against ``dispatch_baseline``, where ``run(*args)`` launches the tuned
             kernel (for an op whose kernel is one of two launches, e.g. the deferred
@@ -180,6 +186,7 @@ class KernelSpec:
     plot_relative_to: str = "cublas_mm"
     aim: float | None = None
     dispatch_baseline: str | None = None
+    dispatch_alternatives: tuple[str, ...] = ()
     dispatch_fused: Callable[[Callable[..., Any], tuple], Callable[[], object]] | None = None
     portable_config: Callable[["helion.Config"], "helion.Config"] | None = None
     fit_config: Callable[["helion.Config", tuple], "helion.Config"] | None = None

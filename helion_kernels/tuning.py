@@ -12,8 +12,9 @@ winning config is checked again
 (:func:`~.verify.verify_config`: several fresh random draws, and bitwise-identical repeated
 runs), timed by CUDA-graph replay and written to the user registry
 (:func:`~.registry.registry_path`). For a kernel with a ``dispatch_baseline`` (the pre-norm
-and the post-norms) the unfused pipeline is timed too and the faster of the two is
-recorded in the entry, which is what the public op then runs (the whole fused op is timed
+and the post-norms) the unfused pipeline is timed too (and the spec's
+``dispatch_alternatives``: the split-N ops' cuBLAS + Liger's norm, where installed) and the
+faster path is recorded in the entry (:func:`dispatch_decision`), which is what the public op then runs (the whole fused op is timed
 where the kernel is one of its launches: ``KernelSpec.dispatch_fused``). The entry and the printed line
 also give the best seed's time (and where it came from), timed the same way, and how many configs Helion's
 search timed (its post-autotune hook): what the search added over the seeds. Helion's own cache (``HELION_CACHE_DIR``)
@@ -46,12 +47,25 @@ EFFORTS = ("quick", "full")
 DISPATCH_MARGIN = 1.02
 
 
-def dispatch_decision(fused_ms: float, unfused_ms: float, unfused: str) -> dict:
-    """The registry's record of which path a shape runs: ``"fused"`` only when ``unfused_ms``
-    is at least :data:`DISPATCH_MARGIN` times ``fused_ms``."""
-    return {"choice": "fused" if unfused_ms >= DISPATCH_MARGIN * fused_ms else "unfused",
-            "fused_ms": round(fused_ms, 5), "unfused_ms": round(unfused_ms, 5), "unfused": unfused,
-            "margin": DISPATCH_MARGIN}
+def dispatch_decision(fused_ms: float, unfused_ms: float, unfused: str,
+                      alternatives: dict[str, float] | None = None) -> dict:
+    """The registry's record of which path a shape runs.
+
+    ``unfused`` (timed ``unfused_ms``) is the op's default unfused pipeline (cuBLAS + the
+    compiled norm); ``alternatives`` maps other unfused pipelines the op can run (cuBLAS +
+    Liger's norm, where installed) to their times. An alternative becomes the unfused path
+    only where the default took at least :data:`DISPATCH_MARGIN` times as long as it (the
+    fastest such one); the record keeps every alternative's time. Then ``"fused"`` only where
+    the unfused path took at least :data:`DISPATCH_MARGIN` times ``fused_ms``."""
+    times = {unfused: unfused_ms, **(alternatives or {})}
+    faster = [name for name in times if name != unfused and unfused_ms >= DISPATCH_MARGIN * times[name]]
+    path = min(faster, key=times.get) if faster else unfused
+    record = {"choice": "fused" if times[path] >= DISPATCH_MARGIN * fused_ms else "unfused",
+              "fused_ms": round(fused_ms, 5), "unfused_ms": round(times[path], 5), "unfused": path,
+              "margin": DISPATCH_MARGIN}
+    if alternatives:
+        record["unfused_timed_ms"] = {name: round(ms, 5) for name, ms in times.items()}
+    return record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,11 +203,17 @@ def tune_problem(
     extra = {} if problem == key else {"tuned_on": problem.columns()}
     decision = ""
     if spec.dispatch_baseline is not None:
-        unfused_ms = time_ms(spec.baselines(*args)[spec.dispatch_baseline])
+        baselines = spec.baselines(*args)
+        unfused_ms = time_ms(baselines[spec.dispatch_baseline])
+        # Liger's pipeline where the spec offers it and liger-kernel is installed (else absent)
+        alternatives = {name: time_ms(baselines[name]) for name in spec.dispatch_alternatives if name in baselines}
         fused_ms = latency if spec.dispatch_fused is None else time_ms(spec.dispatch_fused(bound, args))
-        extra["dispatch"] = dispatch_decision(fused_ms, unfused_ms, spec.dispatch_baseline)
+        extra["dispatch"] = dispatch_decision(fused_ms, unfused_ms, spec.dispatch_baseline, alternatives)
         whole = "" if spec.dispatch_fused is None else f"fused op {fused_ms:.4f} ms, "
-        decision = f", {extra['dispatch']['choice']} ({whole}unfused {spec.dispatch_baseline}: {unfused_ms:.4f} ms)"
+        timed = extra["dispatch"].get("unfused_timed_ms", {spec.dispatch_baseline: unfused_ms})
+        path = extra["dispatch"]["unfused"]  # the unfused path first, then any other timed
+        pipelines = ", ".join(f"{name}: {timed[name]:.4f} ms" for name in sorted(timed, key=lambda name: name != path))
+        decision = f", {extra['dispatch']['choice']} ({whole}unfused {pipelines})"
     meta = entry_meta(latency, rel_error, options, tune_seconds, near, **extra)
     meta["autotune"].update(search)
     entry = registry.Entry(shape=key, dtype=name, config=config, meta=meta)
@@ -273,27 +293,44 @@ def _normalised(config_spec, config: helion.Config) -> dict:
 
 
 def fit_seed(config_spec, config: helion.Config) -> helion.Config:
-    """``config`` with each per-access list (``indexing``, ``load_eviction_policies``, ...) cut,
-    or padded with its last value (the field's default for an empty list), to the length it has
-    in ``config_spec`` (a bound kernel's ``config_spec``); ``config`` itself where every list fits.
+    """``config`` with its lists fitted to ``config_spec`` (a bound kernel's ``config_spec``);
+    ``config`` itself where every list fits:
+
+    * each per-access list (``indexing``, ``load_eviction_policies``, ...) cut, or padded with
+      its last value (the field's default for an empty list), to the kernel's number of accesses;
+    * each per-loop list with a default per loop (``range_flattens``, ``range_num_stages``, ...)
+      cut, or padded with those defaults, to the kernel's number of loops, as Helion's own
+      normalisation pads it. Per-dimension lists without a default (``block_sizes``) stay as
+      written: no value can be made up for them.
 
     A config made for another kernel (a registry entry derived from a kernel with more loads
     and stores, or the nearest entry of an op whose kernel has changed since) can hold a longer
-    list. Helion 1.5 runs it, reading the first entries, but its search asserts when it encodes
-    such a seed for its surrogate model (``ConfigGeneration.encode_config``), and the whole
-    search fails: ``matmul_rmsnorm_matmul``'s derived entries held 10 ``indexing`` entries for
-    a kernel with 4 memory accesses.
+    list, and a hand-picked seed a shorter one. Helion 1.5 runs either, but its search asserts
+    when it encodes such a seed for its surrogate model (``ConfigGeneration.encode_config``):
+    ``matmul_rmsnorm_matmul``'s derived entries held 10 ``indexing`` entries for a kernel with
+    4 memory accesses, which failed the whole search, and the flattened seed's
+    ``range_flattens=[True]`` (one of ``matmul``'s two loops) was dropped from every search with
+    "Failed to transfer autotune seed config".
     """
-    try:
-        from helion.autotuner.config_fragment import ListOf  # Helion 1.5 internals
+    try:  # Helion 1.5 internals
+        from helion.autotuner.block_id_sequence import BlockIdSequence
+        from helion.autotuner.config_fragment import ListOf
     except ImportError:  # another Helion: seeds pass as they are
         return config
     fitted = dict(config.config)
     for key, value in config.config.items():
         field = getattr(config_spec, key, None)
-        if isinstance(field, ListOf) and isinstance(value, list) and len(value) != field.length:
+        if not isinstance(value, list):
+            continue
+        if isinstance(field, ListOf) and len(value) != field.length:
             pad = value[-1] if value else field.inner.default()
             fitted[key] = (list(value) + [pad] * field.length)[:field.length]
+        elif isinstance(field, BlockIdSequence) and len(value) != len(field):
+            try:
+                defaults = [item._fill_missing() for item in field]
+            except NotImplementedError:  # no default per item (block sizes)
+                continue
+            fitted[key] = (list(value) + defaults[len(value):])[:len(field)]
     return config if fitted == dict(config.config) else helion.Config(**fitted)
 
 

@@ -46,13 +46,16 @@ def rms_reference_f64(a, b, weight, eps):
     return matmul_rmsnorm_reference(_f64(a), _f64(b), _f64(weight), eps)
 
 
-def save_decision(spec, shape: Shape, choice: str) -> None:
-    """A float32 CPU registry entry of ``spec`` at ``shape`` whose dispatch decision is
-    ``choice`` ("fused" or "unfused"), with a small config the interpreter can run."""
+def save_decision(spec, shape: Shape, choice: str, unfused: str | None = None, device="cpu",
+                  dtype: str = "float32") -> None:
+    """A registry entry of ``spec`` at ``shape`` (``dtype``, for ``device``'s GPU key; a
+    float32 CPU entry by default) whose dispatch decision is ``choice`` ("fused" or
+    "unfused"), its unfused pipeline ``unfused`` (default: the spec's ``dispatch_baseline``),
+    with a small config the interpreter can run."""
     from helion_kernels import registry
     from helion_kernels.registry import Entry
 
     meta = {"latency_ms": 0.01, "dispatch": {"choice": choice, "fused_ms": 0.01, "unfused_ms": 0.02,
-                                             "unfused": spec.dispatch_baseline}}
+                                             "unfused": unfused or spec.dispatch_baseline}}
     config = helion.Config(block_sizes=[16, 16, 16], num_warps=4, num_stages=1, indexing="pointer")
-    registry.save_entry(spec.name, registry.gpu_key(torch.device("cpu")), Entry(shape, "float32", config, meta))
+    registry.save_entry(spec.name, registry.gpu_key(torch.device(device)), Entry(shape, dtype, config, meta))

@@ -302,3 +302,26 @@ def test_committed_configs_fit_their_kernels():
             config = helion.Config(**entry.config)
             assert fit_seed(config_spec, config) is config, f"{path.name}: {entry.key}"
             generation.encode_config(generation.flatten(config))  # what failed the search
+
+
+def test_committed_dispatch_records_follow_the_margin_rule():
+    """Every committed entry that records more than one unfused pipeline's time names the one
+    :func:`~helion_kernels.tuning.dispatch_decision` picks from those times (the split-N
+    entries' Liger pipeline was derived from their benchmark CSV), and says so in the tuning
+    report's words; at least one entry of the H200 runs Liger's pipeline."""
+    from helion_kernels.tuning import dispatch_decision
+
+    liger = 0
+    for path in sorted(registry.shipped_dir().glob("*/*.json")):
+        for entry in registry.load_entries(path).values():
+            record = entry.meta.get("dispatch", {})
+            if "unfused_timed_ms" not in record:
+                continue
+            times = dict(record["unfused_timed_ms"])
+            default = "cublas+inductor_norm"
+            again = dispatch_decision(record["fused_ms"], times.pop(default), default, times)
+            assert (again["choice"], again["unfused"]) == (record["choice"], record["unfused"]), (path.name, entry.key)
+            liger += record["unfused"] == "cublas+liger_norm"
+            liger_path = record["choice"] == "unfused" and record["unfused"] == "cublas+liger_norm"
+            assert registry.dispatch_text(record) == ("unfused (Liger norm)" if liger_path else record["choice"])
+    assert liger >= 1

@@ -265,6 +265,23 @@ def test_dispatch_needs_a_margin():
                                                        "unfused": "x", "margin": tuning.DISPATCH_MARGIN}
 
 
+def test_dispatch_takes_an_alternative_unfused_pipeline_only_clearly_faster():
+    """Liger's pipeline replaces cuBLAS + the compiled norm as the unfused path only where the
+    compiled one took at least the margin longer; the fused kernel is then measured against
+    the faster path; every pipeline's time is kept."""
+    m = tuning.DISPATCH_MARGIN
+    liger = tuning.dispatch_decision(1.0, 0.9 * m, "cublas+inductor_norm", {"cublas+liger_norm": 0.9})
+    assert liger["unfused"] == "cublas+liger_norm" and liger["unfused_ms"] == 0.9 and liger["choice"] == "unfused"
+    assert liger["unfused_timed_ms"] == {"cublas+inductor_norm": round(0.9 * m, 5), "cublas+liger_norm": 0.9}
+    close = tuning.dispatch_decision(1.0, 0.91, "cublas+inductor_norm", {"cublas+liger_norm": 0.9})
+    assert close["unfused"] == "cublas+inductor_norm" and close["unfused_ms"] == 0.91  # within the margin
+    # the kernel must beat the faster unfused path: it beats the compiled norm's, not Liger's
+    beaten = tuning.dispatch_decision(1.0, 1.5, "cublas+inductor_norm", {"cublas+liger_norm": 1.01})
+    assert beaten["choice"] == "unfused" and beaten["unfused"] == "cublas+liger_norm"
+    assert tuning.dispatch_decision(1.0, 1.5, "x", {"cublas+liger_norm": 1.3})["choice"] == "fused"
+    assert "unfused_timed_ms" not in tuning.dispatch_decision(1.0, 1.5, "x", {})  # Liger not installed
+
+
 def test_a_seed_replaces_the_search_pick_only_clearly_faster_and_different():
     from helion_kernels.tuning import SEED_MARGIN, _same_config, prefer_seed
 
@@ -308,6 +325,46 @@ def test_fit_seed_cuts_and_pads_per_access_lists():
     for fits in (helion.Config(**base, indexing="tensor_descriptor"), helion.Config(**base, indexing=["pointer"] * 4),
                  helion.Config(**base)):
         assert tuning.fit_seed(config_spec, fits) is fits
+
+
+def test_fit_seed_pads_and_cuts_per_loop_lists_with_their_defaults():
+    """A per-loop list shorter than the kernel's loops (the flattened seed's
+    ``range_flattens=[True]`` for ``matmul``'s tile loop and k-loop) is padded with Helion's
+    defaults, as its normalisation pads it; a longer one is cut; ``block_sizes`` has no default
+    and stays as written. Unfitted, Helion's search dropped the seed ("Failed to transfer
+    autotune seed config")."""
+    from helion.autotuner.config_generation import ConfigGeneration  # Helion 1.5 internals
+
+    config_spec = _matmul_config_spec()
+    generation = ConfigGeneration(config_spec)
+    short = helion.Config(block_sizes=[128, 256, 64], range_flattens=[True])
+    with pytest.raises(AssertionError):  # Helion's failure, which fit_seed avoids
+        generation.encode_config(generation.flatten(short))
+    fitted = tuning.fit_seed(config_spec, short)
+    assert fitted.config == {"block_sizes": [128, 256, 64], "range_flattens": [True, None]}
+    generation.encode_config(generation.flatten(fitted))
+    long = tuning.fit_seed(config_spec, helion.Config(block_sizes=[128, 256, 64], range_num_stages=[2, 3, 4]))
+    assert long.config["range_num_stages"] == [2, 3]
+    few_blocks = helion.Config(block_sizes=[128, 256])
+    assert tuning.fit_seed(config_spec, few_blocks) is few_blocks
+
+
+@pytest.mark.parametrize("name", GEMM_OPS)
+def test_every_hand_picked_seed_enters_the_search(name):
+    """Every hand-picked seed of a GEMM-shaped kernel, fitted as tuning fits it, is taken by
+    Helion's search into its first population (``user_seed_flat_config_pairs``, what the search
+    runs on ``autotune_seed_configs``): none is dropped with "Failed to transfer"."""
+    from helion.autotuner.config_generation import ConfigGeneration  # Helion 1.5 internals
+    from helion.runtime.settings import RefMode
+
+    spec = get_spec(name)
+    kernel = helion.kernel(spec.kernel.fn, static_shapes=True, ref_mode=RefMode.OFF)
+    config_spec = kernel.bind(spec.make_args(Shape(512, 512, 256), torch.bfloat16, "cpu", None)).config_spec
+    seeds = [config for config, _ in tuning.registry_seeds(config_spec, {}, (512, 512, 256), "bfloat16",
+                                                           spec.seed_configs)]
+    dropped: list[str] = []
+    taken = ConfigGeneration(config_spec).user_seed_flat_config_pairs(seeds, dropped.append)
+    assert not dropped and len(taken) == len(seeds)
 
 
 @pytest.mark.triton_interpret  # a compiled mode: reference mode never autotunes

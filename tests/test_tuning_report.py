@@ -50,3 +50,16 @@ def test_since_prints_and_leaves_the_committed_report_whole(tmp_path):
     run = subprocess.run([sys.executable, script, "--gpu", GPU, "--since", "2099-01-01"], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.strip() == f"tuning_report: no {GPU} entries tuned on or after 2099-01-01 (UTC)"
     assert committed.stat().st_mtime_ns == before
+
+
+def test_tiling_names_a_flattened_tile_loop(tmp_path):
+    """The tiling column says ``flattened`` exactly for the entries whose config flattens a loop
+    (``range_flattens``), so a table read shows which entries took that tiling."""
+    import json
+
+    df = _report(tmp_path)
+    flattened = {(p.stem, "x".join(str(e[k]) for k in "MKN"))
+                 for p in (REPO / "configs" / GPU).glob("*.json") for e in json.loads(p.read_text())["entries"]
+                 if "M" in e and any(e["config"].get("range_flattens") or [])}
+    shown = {(r.kernel, r.shape) for r in df.itertuples() if str(r.tiling).endswith(" flattened")}
+    assert flattened and shown == flattened

@@ -163,7 +163,9 @@ def _spec(base: KernelSpec, name: str, kernel: helion.Kernel) -> KernelSpec:
     return dataclasses.replace(base, name=name, kernel=kernel, default_config=_DEFAULT,
                                seed_configs=_SEEDS, technique=_TECHNIQUE, portable_config=None,
                                fit_config=None, call_config=None, n_limit=None,
-                               dynamic_m=False)  # its dynamic build is not measured
+                               dynamic_m=False,  # its dynamic build is not measured
+                               # the op's unfused path can run Liger's norm (liger_norm)
+                               dispatch_alternatives=("cublas+liger_norm",))
 
 
 SPEC_LAYERNORM = _spec(_full_row.SPEC_LAYERNORM, "matmul_layernorm_split_n",

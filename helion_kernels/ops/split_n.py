@@ -36,9 +36,10 @@ def _layernorm_split_n(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | 
     if m == 0 or n == 0:
         return a.new_empty(m, n), _nan_stats(a, m), _nan_stats(a, m)
     args = (*contiguous_operands(a, b, weight, bias), eps)
-    if runtime.registry_choice(_row_sweep.SPEC_LAYERNORM, args, fused):
-        return runtime.launch(_row_sweep.SPEC_LAYERNORM, args)
-    return unfused_layer_norm(a, b, weight, bias, eps)
+    spec = _row_sweep.SPEC_LAYERNORM
+    if runtime.registry_choice(spec, args, fused):
+        return runtime.launch(spec, args)
+    return unfused_layer_norm(a, b, weight, bias, eps, runtime.unfused_pipeline(spec, args))
 
 
 def _layernorm_split_n_fake(a, b, weight, bias, eps, fused):
@@ -52,9 +53,10 @@ def _rmsnorm_split_n(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | No
     if m == 0 or n == 0:
         return a.new_empty(m, n), _nan_stats(a, m)
     args = (*contiguous_operands(a, b, weight), eps)
-    if runtime.registry_choice(_row_sweep.SPEC_RMSNORM, args, fused):
-        return runtime.launch(_row_sweep.SPEC_RMSNORM, args)
-    return unfused_rms_norm(a, b, weight, eps)
+    spec = _row_sweep.SPEC_RMSNORM
+    if runtime.registry_choice(spec, args, fused):
+        return runtime.launch(spec, args)
+    return unfused_rms_norm(a, b, weight, eps, runtime.unfused_pipeline(spec, args))
 
 
 def _rmsnorm_split_n_fake(a, b, weight, eps, fused):
@@ -92,7 +94,12 @@ def matmul_layernorm_split_n(
     nearest tuned one, as for the full-row ops; unfused on a GPU with no entries for its
     architecture (another GPU of the same architecture follows the tuned one's); none of the
     H200's tuned rows chose it). ``fused=True`` forces the kernel (with a conservative default
-    config and a warning on a GPU without entries), ``fused=False`` cuBLAS + the compiled norm.
+    config and a warning on a GPU without entries), ``fused=False`` the unfused path.
+
+    The unfused path is cuBLAS + the compiled norm, or cuBLAS + Liger's norm where the
+    registry recorded that pipeline at least 2% faster and liger-kernel is installed
+    (:mod:`helion_kernels.liger_norm`; on the H200 the rows with N >= 2048 but
+    2048x2048, where inductor's LayerNorm reads each row twice).
 
     Args, returns and errors: as :func:`~helion_kernels.matmul_layernorm`, without an N limit
     and without ``linear_bias`` and ``residual``. Gradients as there too, but nothing of the
@@ -123,8 +130,9 @@ def matmul_rmsnorm_split_n(
     """``rms_norm(a @ b, (N,), weight, eps)`` for any N, the row split into N tiles.
 
     The RMSNorm twin of :func:`matmul_layernorm_split_n` (same technique and kernel design,
-    same dispatch and caveats: on the H200 from break-even at K = N = 512 to 1.15x slower
-    than cuBLAS + the best standalone norm; with fp16 inputs a product past 65504 overflows
+    same dispatch, unfused path and caveats: on the H200 from break-even at K = N = 512 to
+    1.15x slower than cuBLAS + the best standalone norm, and Liger's RMSNorm faster than
+    the compiled one on no row; with fp16 inputs a product past 65504 overflows
     between the sweeps; the backward recomputes ``a @ b``). Args, returns and errors: as
     :func:`~helion_kernels.matmul_rmsnorm`, without an N limit and without ``linear_bias``
     and ``residual``.
