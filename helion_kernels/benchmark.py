@@ -141,7 +141,7 @@ def bench_problem(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device
         # the unfused pipeline the entry names (Liger's norm where it measured faster), where timed
         path = runtime.unfused_pipeline(spec, arg_sets[0]) if spec.dispatch_alternatives else None
         path = path if path in times else spec.dispatch_baseline
-        row["dispatch"] = "fused" if chosen else ("unfused" if path == spec.dispatch_baseline else "unfused (Liger norm)")
+        row["dispatch"] = registry.dispatch_text({"choice": "fused" if chosen else "unfused", "unfused": path})
         row["dispatched_ms"] = times.get("fused_op", fused) if chosen else times[path]
         pipelines = unfused if spec.dispatch_fused is None else {spec.dispatch_baseline: times[spec.dispatch_baseline]}
         if pipelines:

@@ -56,6 +56,7 @@ from pathlib import Path
 import filelock
 import torch
 
+from . import liger_norm
 from .spec import AttentionShape, Shape
 
 KEY_TYPES = (Shape, AttentionShape)
@@ -79,7 +80,7 @@ def dispatch_text(dispatch: dict) -> str:
     ``unfused (Liger norm)`` where the unfused path is cuBLAS + Liger's norm (run where
     liger-kernel is installed)."""
     choice = dispatch.get("choice", "unfused")
-    return "unfused (Liger norm)" if choice == "unfused" and dispatch.get("unfused") == "cublas+liger_norm" else choice
+    return "unfused (Liger norm)" if choice == "unfused" and dispatch.get("unfused") == liger_norm.PIPELINE else choice
 
 
 def _config_dict(config) -> dict:

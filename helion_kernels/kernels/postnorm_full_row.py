@@ -247,7 +247,7 @@ def _unfused(a: torch.Tensor, b: torch.Tensor, norm, liger) -> dict:
     }
     if liger is not None:
         out["liger_norm"] = lambda: liger(c0)
-        out["cublas+liger_norm"] = lambda: liger(torch.mm(a, b))
+        out[liger_norm.PIPELINE] = lambda: liger(torch.mm(a, b))
     return out
 
 

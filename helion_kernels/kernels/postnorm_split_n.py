@@ -38,6 +38,7 @@ import helion
 import helion.language as hl
 import torch
 
+from .. import liger_norm
 from . import postnorm_full_row as _full_row
 from ..spec import KernelSpec
 from .postnorm_full_row import matmul_layernorm_reference, matmul_rmsnorm_reference
@@ -164,8 +165,8 @@ def _spec(base: KernelSpec, name: str, kernel: helion.Kernel) -> KernelSpec:
                                seed_configs=_SEEDS, technique=_TECHNIQUE, portable_config=None,
                                fit_config=None, call_config=None, n_limit=None,
                                dynamic_m=False,  # its dynamic build is not measured
-                               # the op's unfused path can run Liger's norm (liger_norm)
-                               dispatch_alternatives=("cublas+liger_norm",))
+                               # the op's unfused path can run Liger's norm
+                               dispatch_alternatives=(liger_norm.PIPELINE,))
 
 
 SPEC_LAYERNORM = _spec(_full_row.SPEC_LAYERNORM, "matmul_layernorm_split_n",

@@ -12,10 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .. import checks, grads, runtime
+from .. import checks, grads, liger_norm, runtime
 from ..grads import postnorm_grads
 from ..kernels.limits import check_full_row_n, max_full_row_n
-from .. import liger_norm
 from ._op import Op, filled, gemm_operand, records_grad
 
 _kernels = runtime.LazyModule("helion_kernels.kernels.postnorm_full_row")
@@ -65,10 +64,10 @@ def _rms_norm(x, residual, weight, eps):
 def unfused_layer_norm(a: torch.Tensor, b: torch.Tensor, weight, bias, eps: float,
                        pipeline: str | None = None) -> tuple:
     """(y, mean, rstd) of ``layer_norm(a @ b)`` the unfused way: cuBLAS, then the compiled
-    norm, or Liger's where ``pipeline`` (the registry's, :func:`~helion_kernels.runtime.unfused_pipeline`)
-    is ``"cublas+liger_norm"`` and Liger can run it (:func:`.liger_norm.available`)."""
+    norm, or Liger's where ``pipeline`` is ``"cublas+liger_norm"`` (the registry's, from
+    :func:`~helion_kernels.runtime.unfused_pipeline`, which names it only where Liger runs)."""
     c = torch.mm(a, b)
-    if pipeline == liger_norm.PIPELINE and liger_norm.available(c.device, c.shape[1]):
+    if pipeline == liger_norm.PIPELINE:
         return liger_norm.layer_norm(c, weight, bias, eps)
     return _unfused_norm(_layer_norm_stats, c, weight, bias, eps)
 
@@ -77,7 +76,7 @@ def unfused_rms_norm(a: torch.Tensor, b: torch.Tensor, weight, eps: float, pipel
     """(y, rstd) of ``rms_norm(a @ b)`` the unfused way: cuBLAS, then the compiled norm, or
     Liger's, as :func:`unfused_layer_norm`."""
     c = torch.mm(a, b)
-    if pipeline == liger_norm.PIPELINE and liger_norm.available(c.device, c.shape[1]):
+    if pipeline == liger_norm.PIPELINE:
         return liger_norm.rms_norm(c, weight, eps)
     return compiled_rms_norm(c, weight, eps)
 
