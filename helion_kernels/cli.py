@@ -233,15 +233,20 @@ def _print_committed(args: argparse.Namespace, spec) -> None:
         paths = [results / gpu / f"{_stem(args, spec.name)}.csv"]
         if not paths[0].is_file():  # this exact selection if it was benchmarked, else any of the workload
             paths = sorted((results / gpu).glob(f"{spec.name}_{args.workload}*.csv"), key=_natural)
-        for path in paths:
-            df = pd.read_csv(path)
-            note = ""
-            if args.where:  # the rows of the selection that the file has, else all of them
+        tables = [(path, pd.read_csv(path)) for path in paths]
+        note = ""
+        if args.where:  # the files' rows of the selection; all rows of each file only if none has any
+            picked = []
+            for path, df in tables:
                 try:
-                    picked = df.query(args.where)
+                    picked.append((path, df.query(args.where)))
                 except Exception:  # a column the file lacks
-                    picked = df.iloc[:0]
-                df, note = (picked, "") if len(picked) else (df, "No committed row matches --where; all rows shown:")
+                    picked.append((path, df.iloc[:0]))
+            if any(len(df) for _, df in picked):
+                tables = [(path, df) for path, df in picked if len(df)]
+            else:
+                note = "No committed row matches --where; all rows shown:"
+        for path, df in tables:
             shown += 1
             table = _committed_summary(df, path, spec)
             saved = ("; saved_pct = % of the inductor norm's latency saved against cuBLAS + inductor norm"

@@ -12,6 +12,7 @@ of the same name in the user registry (:func:`~.registry.user_dir`) is read inst
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -41,10 +42,23 @@ def list_workloads(kind: str = "gemm") -> list[str]:
     return sorted({p.stem for root in (user_dir(), shipped_dir()) for p in (root / folder).glob("*.csv")})
 
 
+WHERE_SUFFIX_MAX = 48  # characters of a query kept in a file name; longer ones are cut and hashed
+
+
 def where_suffix(where: str | None) -> str:
     """The part of a result file's name that says which rows a ``--where`` query selected:
-    ``"M == 65536"`` -> ``"_M_65536"``; "" without a query."""
-    return "_" + re.sub(r"[^A-Za-z0-9]+", "_", where).strip("_") if where else ""
+    ``"M == 65536"`` -> ``"_M_65536"``; "" without a query. A query longer than
+    :data:`WHERE_SUFFIX_MAX` characters once cleaned is cut at the last word boundary within them and ends with 8 hex digits of
+    its SHA-1, so names stay short (file systems refuse names past 255 bytes) and distinct; the
+    result's ``.md`` and ``.json`` record the whole command."""
+    if not where:
+        return ""
+    words = re.sub(r"[^A-Za-z0-9]+", "_", where).strip("_")
+    if len(words) > WHERE_SUFFIX_MAX:  # cut between words, so no number is cut short
+        cut = words[:WHERE_SUFFIX_MAX + 1]
+        words = cut[:cut.rfind("_")] if "_" in cut else cut[:WHERE_SUFFIX_MAX]
+        words += "_" + hashlib.sha1(where.encode()).hexdigest()[:8]
+    return "_" + words
 
 
 def load_workload(name: str, where: str | None = None, kind: str = "gemm") -> pd.DataFrame:

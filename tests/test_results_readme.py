@@ -18,3 +18,27 @@ def test_generated_results_are_up_to_date():
 
 def test_readme_is_short():
     assert len((REPO / "README.md").read_text().splitlines()) <= 200
+
+
+def test_a_headline_counts_a_re_run_row_once_with_its_newer_time(tmp_path, monkeypatch):
+    """Rows re-benchmarked after a re-tune (a second, newer file of the same kernel) replace the
+    older file's rows in the headline; another kernel's rows at the same shape stay."""
+    import json
+
+    import pandas as pd
+
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import results_readme
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setattr(results_readme, "RESULTS", tmp_path)
+    (tmp_path / "g").mkdir()
+    for stem, kernel, date, ratio in (("all", "k", "2026-01-01T00:00:00+00:00", [1.2, 1.1]),
+                                      ("again", "k", "2026-02-01T00:00:00+00:00", [1.0]),
+                                      ("other", "j", "2026-03-01T00:00:00+00:00", [2.0])):
+        pd.DataFrame({"M": [8, 16][:len(ratio)], "K": 4, "N": 4, "dtype": "bfloat16", "x": ratio}).to_csv(
+            tmp_path / "g" / f"{stem}.csv", index=False)
+        (tmp_path / "g" / f"{stem}.json").write_text(json.dumps({"kernel": kernel, "date": date}))
+    rows = results_readme._rows("g", ("again", "all", "other"))
+    assert sorted(zip(rows.M, rows.x)) == [(8, 1.0), (8, 2.0), (16, 1.1)]

@@ -127,3 +127,27 @@ def test_triton_interpreter_through_ops_with_registry(registry_dir):
 @pytest.mark.parametrize("shape", ODD_SHAPES + [Shape(4096, 1024, 512)], ids=str)
 def test_cuda_with_registry_configs(shape, dtype, affine, device):
     _check(shape, dtype, device, seed=stable_seed((shape, affine)) + 1, affine=affine)
+
+
+@pytest.mark.triton_interpret
+def test_triton_code_for_the_two_per_sm_pointer_seed():
+    """The hand-picked 128x128 tiling for two programs per SM (pointer indexing, flat grid), at
+    a shape with partial tiles in every dimension. Its persistent twin needs a GPU's SM count."""
+    from helion_kernels.kernels.rmsnorm_matmul import SEED_ROW_BLOCK_POINTER_128x128_TWO_PER_SM, row_block_config
+
+    config = row_block_config(SEED_ROW_BLOCK_POINTER_128x128_TWO_PER_SM)
+    assert config in SPEC.seed_configs
+    args = SPEC.make_args(Shape(150, 200, 136), torch.float16, "cpu", 9)
+    bound = rmsnorm_matmul_kernel.bind(args)
+    bound.set_config(config)
+    check_outputs(bound(*args), SPEC.reference(*args), torch.float16)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("index", range(len(SPEC.seed_configs)))
+def test_cuda_every_seed_config(index, device):
+    """Each hand-picked tiling (the search's first population) is correct at an odd shape."""
+    args = SPEC.make_args(Shape(1000, 384, 640), torch.bfloat16, device, stable_seed(index))
+    bound = rmsnorm_matmul_kernel.bind(args)
+    bound.set_config(SPEC.seed_configs[index])
+    check_outputs(bound(*args), SPEC.reference(*args), torch.bfloat16)

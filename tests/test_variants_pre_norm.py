@@ -53,3 +53,25 @@ def test_reference_mode(shape, dtype, device):
 def test_under_the_interpreter(shape):
     # fp32: the interpreter mishandles bf16 tl.dot.
     _check_scale_only(shape, torch.float32, "cpu", CONFIG)
+
+
+def test_every_tiling_is_a_config_of_both_kernels():
+    """Each tiling the script times builds a ``helion.Config`` for the plain GEMM and, through
+    ``row_block_config``, for the row-block kernel, and Helion's search takes each as a seed
+    (its encoding asserts on a key or list the kernel has not got)."""
+    from helion.autotuner.config_generation import ConfigGeneration  # Helion 1.5 internals
+    from helion.runtime.settings import RefMode
+
+    from helion_kernels.kernels.matmul import matmul_kernel
+    from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_kernel, row_block_config
+    from helion_kernels.tuning import fit_seed
+
+    a, b, eps = _args(Shape(256, 256, 256), torch.bfloat16, "cpu")
+    for kernel, args, build in ((matmul_kernel, (a, b), lambda t: helion.Config(**t)),
+                                (rmsnorm_matmul_kernel, (a, b, eps),
+                                 lambda t: row_block_config(helion.Config(**t), variants.STATS_K))):
+        config_spec = helion.kernel(kernel.fn, static_shapes=True, ref_mode=RefMode.OFF).bind(args).config_spec
+        seeds = [fit_seed(config_spec, build(t)) for t in variants.TILINGS.values()]
+        dropped: list[str] = []
+        taken = ConfigGeneration(config_spec).user_seed_flat_config_pairs(seeds, dropped.append)
+        assert not dropped and len(taken) == len(seeds), (kernel.fn.__name__, dropped)

@@ -68,3 +68,18 @@ def test_where_suffix_names_the_selected_rows():
     assert where_suffix("M == 65536") == "_M_65536"
     assert where_suffix("K == 512 and N >= 2048") == "_K_512_and_N_2048"
     assert where_suffix(None) == where_suffix("") == ""
+
+
+def test_where_suffix_of_a_long_query_is_short_and_distinct():
+    """A query naming several shapes once gave a 190-character file name; it is cut between
+    words (never inside a number) and ends with a hash of the whole query."""
+    from helion_kernels.workloads import WHERE_SUFFIX_MAX, where_suffix
+
+    shared = "(M == 65536 and K == 256 and N == 256) or (M == 65536 and K == 512 and N == 512)"
+    one, two = where_suffix(shared + " or N == 1"), where_suffix(shared + " or N == 2")
+    assert one != two and one[:-9] == two[:-9]  # the same words, told apart by the hash alone
+    assert len(one) <= 1 + WHERE_SUFFIX_MAX + 9
+    assert one[:-9] == "_M_65536_and_K_256_and_N_256_or_M_65536_and_K_512"
+    tricky = where_suffix("(M == 65536 and K == 256 and N == 256) or (M == 131072 and K == 512 and N == 1024)")
+    assert tricky.startswith("_M_65536_and_K_256_and_N_256_or_M_131072_and_K_") and "_K_51_" not in tricky
+    assert where_suffix("M == 65536") == "_M_65536"  # short queries keep their whole name

@@ -85,9 +85,10 @@ def rstd_kernel(a: torch.Tensor, eps: float) -> torch.Tensor:
     return rstd
 
 
-def _gemm(bs, warps, stages, indexing="pointer", l2=8, pid="flat") -> dict:
+def _gemm(bs, warps, stages, indexing="pointer", l2=8, pid="flat", per_sm=1) -> dict:
+    extra = {"num_sm_multiplier": per_sm} if per_sm != 1 else {}
     return dict(block_sizes=bs, num_warps=warps, num_stages=stages, indexing=indexing,
-                l2_groupings=[l2], pid_type=pid)
+                l2_groupings=[l2], pid_type=pid, **extra)
 
 
 # GEMM tilings [tile_m, tile_n, tile_k]: the tuned matmul's, and the fused kernel's seeds.
@@ -100,6 +101,11 @@ TILINGS = {
     "tma_128x256x64_w8_s3": _gemm([128, 256, 64], 8, 3, "tensor_descriptor"),
     "tma_128x256x64_w8_s3_pers": _gemm([128, 256, 64], 8, 3, "tensor_descriptor", 8,
                                         "persistent_interleaved"),
+    # two programs per SM (96 KB of operand tiles each): one's statistics loop beside the other's
+    # MMAs (the rmsnorm_matmul seeds SEED_ROW_BLOCK_*_TWO_PER_SM)
+    "ptr_128x128x64_w8_s3": _gemm([128, 128, 64], 8, 3),
+    "tma_128x128x64_w8_s3_pers_x2": _gemm([128, 128, 64], 8, 3, "tensor_descriptor", 8,
+                                           "persistent_interleaved", per_sm=2),
 }
 # Row-statistics loop tilings [tile_m, tile_k] for row_block / prepass.
 STATS_K = 128

@@ -78,6 +78,19 @@ def rmsnorm_matmul_kernel(
     return c, rstd
 
 
+# Tilings for two programs per SM, so one program's sum-of-squares loop (loads and adds, no MMA)
+# runs beside the other's GEMM k-loops. The shipped 128x256 tilings hold one program per SM
+# (3-4 stages of 48 KB of operand tiles), and their statistics loop then adds about the time of one
+# read of ``a``: 1.42x the plain GEMM at 65536x256x256, 1.11-1.17x at 1024x1024
+# (bench/results/nvidia_h200_sm90/variants/pre_norm_variants_scale_only.md). A 128x128x64 tile with
+# 3 stages needs 96 KB of shared memory and 64 accumulator registers per thread on 8 warps: two fit.
+SEED_ROW_BLOCK_POINTER_128x128_TWO_PER_SM = helion.Config(
+    block_sizes=[128, 128, 64], num_warps=8, num_stages=3, indexing="pointer")
+SEED_ROW_BLOCK_TMA_PERSISTENT_128x128_TWO_PER_SM = helion.Config(
+    block_sizes=[128, 128, 64], num_warps=8, num_stages=3, indexing="tensor_descriptor",
+    pid_type="persistent_interleaved", num_sm_multiplier=2)
+
+
 def row_block_config(gemm: helion.Config, stats_tile_k: int = STATS_TILE_K) -> helion.Config:
     """This kernel's config for a GEMM tiling ``[tile_m, tile_n, tile_k]`` (its grid is 1-D,
     so the GEMM's L2 grouping does not apply)."""
@@ -182,7 +195,8 @@ SPEC = KernelSpec(
     seed_configs=tuple(row_block_config(g) for g in (
         SEED_TMA_PERSISTENT_128x256, SEED_POINTER_128x256, SEED_TMA_FLAT_128x256,
         SEED_TMA_PERSISTENT_128x128, SEED_POINTER_128x128, SEED_POINTER_64x128,
-        SEED_TMA_PERSISTENT_128x256_FLATTENED)),
+        SEED_TMA_PERSISTENT_128x256_FLATTENED, SEED_ROW_BLOCK_POINTER_128x128_TWO_PER_SM,
+        SEED_ROW_BLOCK_TMA_PERSISTENT_128x128_TWO_PER_SM)),
     baselines=_baselines,
     norm_baseline="inductor_norm",
     unfused_baselines=("cublas+inductor_norm", "cublas+liger_norm"),

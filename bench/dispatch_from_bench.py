@@ -1,0 +1,120 @@
+"""Record a dispatching op's fused-or-unfused decision from a benchmark CSV.
+
+Tuning times the fused kernel and each unfused pipeline once, in one pass. The benchmark
+(``helion-kernels bench --repeats N``) times them N times and reports medians, so where both
+exist its numbers are the better evidence. This script applies the library's own rule
+(:func:`helion_kernels.tuning.dispatch_decision`, the 2% margin) to the pipelines the kernel's
+spec names (``dispatch_baseline``, ``dispatch_alternatives``; the whole op where the spec times
+the op, ``dispatch_fused``) and rewrites the ``dispatch`` record of every registry entry the CSV
+has a row for, keeping the entry's config and every other entry of the file.
+
+    python bench/dispatch_from_bench.py --kernel matmul_layernorm_split_n \\
+        --csv bench/results/nvidia_h200_sm90/matmul_layernorm_split_n_postnorm_split_n.csv
+
+It writes the checkout's committed registry (``configs/``) unless ``--registry`` names another
+root. Rows without an entry, rows whose fused kernel failed its check and rows with a missing
+time are reported and skipped; it exits 1 if no row was recorded. Re-tuning an entry records a
+new decision from tuning's own timing; run this again after re-running the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from helion_kernels import registry, tuning
+from helion_kernels.kernels import get_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def decisions(frame: pd.DataFrame, kernel: str) -> pd.DataFrame:
+    """One dispatch record per usable benchmark row (columns M, K, N, dtype, record, skipped:
+    the reason a row has no record, "" where it has one).
+
+    Raises:
+        SystemExit: the kernel does not dispatch, or the CSV lacks its columns.
+    """
+    spec = get_spec(kernel)
+    if spec.dispatch_baseline is None:
+        raise SystemExit(f"{kernel} has no dispatcher (its spec names no dispatch_baseline)")
+    fused = "fused_op_ms" if spec.dispatch_fused is not None else f"{kernel}_ms"
+    default = spec.dispatch_baseline
+    missing = {fused, f"{default}_ms", "M", "K", "N", "dtype"} - set(frame.columns)
+    if missing:
+        raise SystemExit(f"the CSV lacks the columns {sorted(missing)}; is it {kernel}'s benchmark?")
+    present = [a for a in spec.dispatch_alternatives if f"{a}_ms" in frame.columns]
+    records, skipped = [], []
+    for row in frame.to_dict("records"):
+        times = (row[fused], row[f"{default}_ms"])
+        if "check" in row and row["check"] != "ok":
+            records.append(None), skipped.append(f"the fused kernel's check: {row['check']}"[:120])
+        elif any(not isinstance(t, (int, float)) or math.isnan(t) for t in times):
+            records.append(None), skipped.append("a missing time")
+        else:
+            alternatives = {a: float(row[f"{a}_ms"]) for a in present if pd.notna(row[f"{a}_ms"])}
+            records.append(tuning.dispatch_decision(float(times[0]), float(times[1]), default, alternatives))
+            skipped.append("")
+    return frame[["M", "K", "N", "dtype"]].assign(record=records, skipped=skipped)
+
+
+def _shown(path: Path) -> str:
+    """``path`` relative to the checkout where it lies inside it (what the registry records)."""
+    path = path.resolve()
+    return path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.as_posix()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kernel", required=True, help="the op's registry name, e.g. matmul_layernorm_split_n")
+    parser.add_argument("--csv", required=True, type=Path, help="the benchmark's CSV (helion-kernels bench)")
+    parser.add_argument("--gpu", default=None, help="registry GPU key (default: the CSV's folder name)")
+    parser.add_argument("--registry", type=Path, default=ROOT / "configs",
+                        help="registry root to rewrite (default: the checkout's configs/)")
+    args = parser.parse_args(argv)
+
+    frame = pd.read_csv(args.csv)
+    table = decisions(frame, args.kernel)  # the kernel and the CSV's columns checked first
+
+    gpu = args.gpu or args.csv.resolve().parent.name
+    os.environ[registry.ENV_CONFIG_DIR] = str(args.registry)  # save_entry writes this root
+    path = registry.registry_path(args.kernel, gpu)
+    entries = registry.load_entries(path)
+    if not entries:
+        known = ", ".join(p.name for p in sorted(args.registry.iterdir()) if any(p.glob("*.json"))) \
+            if args.registry.is_dir() else ""
+        print(f"no {args.kernel} entries in {path}; GPU keys there: {known or 'none'} (--gpu)", file=sys.stderr)
+        return 1
+
+    repeats = frame["repeats"].max() if "repeats" in frame.columns else float("nan")
+    repeats = int(repeats) if pd.notna(repeats) else 1
+    meta_path = args.csv.with_suffix(".json")
+    when = json.loads(meta_path.read_text()).get("date", "") if meta_path.exists() else ""
+    source = f"{_shown(args.csv)} (CUDA-graph medians of {repeats} repeat(s){', ' + when if when else ''})"
+
+    recorded = 0
+    for row in table.itertuples(index=False):
+        key = (int(row.M), int(row.K), int(row.N), str(row.dtype))
+        entry = entries.get(key)
+        if entry is None or row.record is None:
+            print(f"skipped {key}: {row.skipped or 'no registry entry'}")
+            continue
+        old = entry.meta.get("dispatch", {})
+        record = {**row.record, "source": source}
+        registry.save_entry(args.kernel, gpu, dataclasses.replace(entry, meta={**entry.meta, "dispatch": record}))
+        recorded += 1
+        before = registry.dispatch_text(old) if old else "-"
+        print(f"{'x'.join(map(str, key[:3]))} {key[3]}: {before} -> {registry.dispatch_text(record)}")
+    print(f"{recorded} record(s) written to {path}")
+    return 0 if recorded else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

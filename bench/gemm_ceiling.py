@@ -1,0 +1,173 @@
+"""How close the Helion GEMM is to cuBLAS, and each fused kernel to the Helion GEMM, on every
+row of the GEMM workload tables, from the committed benchmarks (no GPU needed).
+
+The benchmarks (``helion-kernels bench --repeats N``) time the plain Helion ``matmul`` beside
+cuBLAS at each row and report ``helion_gemm_vs_cublas`` (median over the repeats) and each fused
+kernel's ``fused_vs_helion_gemm``. This script gathers, per (M, K, N) of the tables
+``prenorm_rmsnorm``, ``postnorm_fullrow``, ``postnorm_split_n`` and ``training``, the newest such
+measurement, checks it against the aim (the Helion GEMM within 1.07x cuBLAS at K >= 512, 1.15x
+below), and says where the measurement is older than the row's ``matmul`` registry entry
+(re-tuned since: re-bench it) or missing.
+
+    python bench/gemm_ceiling.py [--gpu nvidia_h200_sm90]
+
+Writes ``bench/results/<gpu>/gemm_ceiling.{csv,md,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from helion_kernels import registry  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TABLES = ("prenorm_rmsnorm", "postnorm_fullrow", "postnorm_split_n", "training")
+KEY = ["M", "K", "N"]
+
+
+def aim(k: int) -> float:
+    """The issue's aim for the Helion GEMM over cuBLAS: 1.07 at K >= 512, 1.15 below."""
+    return 1.07 if k >= 512 else 1.15
+
+
+COLUMNS = [*KEY, "kernel", "helion_gemm_vs_cublas", "helion_gemm_vs_cublas_spread", "fused_vs_helion_gemm",
+           "repeats", "file", "measured_at"]
+
+
+def _when(text) -> datetime.datetime | None:
+    """A result file's ISO date (``...+00:00`` or ``...Z``) or a registry ``tuned_at``; None if absent."""
+    try:
+        return datetime.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def measurements(folder: Path) -> pd.DataFrame:
+    """Every bf16 benchmark row of ``folder`` that timed the plain Helion GEMM beside cuBLAS:
+    the benchmarked kernel (the result's ``.json`` names it), the ratios, the file and its date
+    (NaT where the file has no ``.json``)."""
+    frames = []
+    for csv in sorted(folder.glob("*.csv")):
+        columns = pd.read_csv(csv, nrows=0).columns
+        if csv.stem == "gemm_ceiling" or not {"helion_gemm_vs_cublas", "dtype", *KEY} <= set(columns):
+            continue
+        meta_path = csv.with_suffix(".json")
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        # the bench writes the kernel's own timing column first, before the baselines
+        kernel = meta.get("kernel") or next(c[:-3] for c in columns if c.endswith("_ms"))
+        df = pd.read_csv(csv)
+        df = df[df["dtype"] == "bfloat16"].assign(kernel=kernel, file=csv.name, measured_at=_when(meta.get("date")))
+        if "repeats" not in df:
+            df["repeats"] = 1
+        frames.append(df.reindex(columns=COLUMNS))
+    if not frames:
+        return pd.DataFrame(columns=COLUMNS)
+    out = pd.concat(frames, ignore_index=True)
+    out["measured_at"] = pd.to_datetime(out["measured_at"], utc=True)
+    return out
+
+
+def report(gpu: str, results: Path, configs: Path) -> pd.DataFrame:
+    """One row per (M, K, N) of the workload tables under ``configs`` (the committed ones by
+    default, not a user's own), with the newest measurement of each ratio."""
+    rows = pd.concat([pd.read_csv(configs / "workloads" / f"{t}.csv", comment="#", skipinitialspace=True)[KEY]
+                      .assign(table=t) for t in TABLES], ignore_index=True)
+    shapes = rows.groupby(KEY, sort=False)["table"].agg(lambda t: ", ".join(dict.fromkeys(t))).reset_index()
+
+    found = measurements(results / gpu).sort_values("measured_at", kind="stable", na_position="first")
+    timed = found.dropna(subset=["helion_gemm_vs_cublas"])
+    gemm = timed.drop_duplicates(KEY, keep="last")[
+        [*KEY, "helion_gemm_vs_cublas", "helion_gemm_vs_cublas_spread", "repeats", "file", "measured_at"]]
+    fused = (found.dropna(subset=["fused_vs_helion_gemm"]).drop_duplicates([*KEY, "kernel"], keep="last")
+             .pivot(index=KEY, columns="kernel", values="fused_vs_helion_gemm")
+             .add_suffix("_vs_helion_gemm").reset_index())
+    out = shapes.merge(gemm, on=KEY, how="left")
+    if len(fused):
+        out = out.merge(fused, on=KEY, how="left")
+
+    entries = registry.load_entries(configs / gpu / "matmul.json")
+    tuned = {key[:3]: _when(entry.meta.get("tuned_at")) for key, entry in entries.items() if key[3] == "bfloat16"}
+    out["aim"] = out["K"].map(aim)
+
+    def status(r) -> str:
+        if pd.isna(r.helion_gemm_vs_cublas):
+            return "not measured"
+        if pd.isna(r.measured_at):
+            return "date unknown"
+        entry_tuned = tuned.get((r.M, r.K, r.N))
+        if entry_tuned is not None and entry_tuned > r.measured_at:
+            return "re-tuned since"
+        return "meets" if r.helion_gemm_vs_cublas <= r.aim else "misses"
+
+    out["status"] = out.apply(status, axis=1)
+    out["measured_at"] = [t.isoformat() if pd.notna(t) else "" for t in out["measured_at"]]
+    out["file"] = out["file"].fillna("")
+    out["matmul_entry"] = ["exact" if tuple(k) in tuned else "nearest" for k in out[KEY].itertuples(index=False)]
+    return out
+
+
+def plot(df: pd.DataFrame, path: Path, gpu: str) -> None:
+    measured = df.dropna(subset=["helion_gemm_vs_cublas"]).reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.32 * len(measured)), 4.8))
+    colours = {"meets": "tab:green", "misses": "tab:red", "re-tuned since": "tab:grey", "date unknown": "tab:olive"}
+    for state, colour in colours.items():
+        part = measured[measured.status == state]
+        ax.bar(part.index, part.helion_gemm_vs_cublas, color=colour, label=state)
+    ax.step(measured.index, measured["aim"], where="mid", color="black", linewidth=1, label="aim")
+    ax.axhline(1.0, color="black", linewidth=0.5, linestyle=":")
+    ax.set_xticks(measured.index, [f"{r.M}x{r.K}x{r.N}" for r in measured.itertuples()], rotation=90, fontsize=7)
+    ax.set_ylim(0.8, max(1.3, measured.helion_gemm_vs_cublas.max() + 0.05))
+    ax.set_ylabel("Helion matmul time / cuBLAS time")
+    ax.set_title(f"Plain Helion GEMM against cuBLAS, newest benchmark per row ({gpu}, bf16)")
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gpu", default="nvidia_h200_sm90", help="registry GPU key (default %(default)s)")
+    p.add_argument("--results", type=Path, default=ROOT / "bench" / "results", help="results root")
+    p.add_argument("--configs", type=Path, default=ROOT / "configs", help="registry root (default: the checkout's)")
+    p.add_argument("--out", type=Path, default=None, help="folder (default bench/results/<gpu>/)")
+    args = p.parse_args(argv)
+    df = report(args.gpu, args.results, args.configs)
+    out = args.out or args.results / args.gpu
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "gemm_ceiling.csv", index=False)
+    counts = df["status"].value_counts().reindex(
+        ["meets", "misses", "re-tuned since", "date unknown", "not measured"], fill_value=0)
+    (out / "gemm_ceiling.md").write_text("\n".join([
+        f"# The Helion GEMM against cuBLAS on every workload row ({args.gpu})", "",
+        f"- command: `python bench/gemm_ceiling.py --gpu {args.gpu}` (from the committed benchmarks and registry)",
+        "- helion_gemm_vs_cublas: the plain Helion `matmul`'s time over cuBLAS's in the newest benchmark that timed"
+        " the row (`file`, `measured_at`; medians over `repeats`, spread = max - min over them); aim: 1.07 at"
+        " K >= 512, 1.15 below",
+        "- status: meets / misses the aim; re-tuned since: the row's own `matmul` entry is newer than the"
+        " measurement (re-bench it); not measured: no benchmark timed the Helion GEMM there; date unknown: the"
+        " result has no `.json`. matmul_entry: exact where the registry holds the row's own `matmul` entry,"
+        " nearest where the GEMM runs another shape's config (a re-tune of that neighbour is not seen here:"
+        " the bench's `helion_matmul_config` column says which config a measurement ran)",
+        "- `<kernel>_vs_helion_gemm`: that fused kernel's time over the plain Helion GEMM's in the newest benchmark"
+        " of that kernel at the row, which can be older than the row's GEMM ratio (another kernel's benchmark)"
+        " and than the row's registry entries",
+        f"- rows: {len(df)}; " + ", ".join(f"{state}: {n}" for state, n in counts.items()),
+        "", f"![gemm_ceiling](gemm_ceiling.png)", "",
+        df.to_markdown(index=False, floatfmt=".4g"), ""]))
+    plot(df, out / "gemm_ceiling.png", args.gpu)
+    print(", ".join(f"{state}: {n}" for state, n in counts.items()), f"-> {out / 'gemm_ceiling.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""``bench/dispatch_from_bench.py``: a benchmark CSV's medians become the registry's dispatch
+records, by the library's margin rule, without touching configs or other entries."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+GPU = "nvidia_h200_sm90"
+KERNEL = "matmul_layernorm_split_n"
+
+
+def _run(csv: Path, registry_dir: Path, kernel: str = KERNEL) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "HELION_KERNELS_CONFIG_DIR"}
+    return subprocess.run([sys.executable, str(REPO / "bench" / "dispatch_from_bench.py"), "--kernel", kernel,
+                           "--csv", str(csv), "--gpu", GPU, "--registry", str(registry_dir)],
+                          capture_output=True, text=True, env=env, cwd=REPO)
+
+
+def _copy_registry(tmp_path: Path, kernel: str) -> Path:
+    path = tmp_path / GPU / f"{kernel}.json"
+    path.parent.mkdir(exist_ok=True)
+    shutil.copy(REPO / "configs" / GPU / f"{kernel}.json", path)
+    return path
+
+
+def _entries(path: Path) -> dict[tuple, dict]:
+    return {(e["M"], e["K"], e["N"], e["dtype"]): e for e in json.loads(path.read_text())["entries"]}
+
+
+def test_rewrites_only_the_dispatch_records_of_the_rows_given(tmp_path):
+    registry_file = _copy_registry(tmp_path, KERNEL)
+    before_text = registry_file.read_text()
+    before = _entries(registry_file)
+    rows = pd.DataFrame({
+        "M": [262144, 262144, 7, 262144, 262144], "K": [512, 1024, 7, 2048, 2048],
+        "N": [512, 1024, 7, 512, 1024], "dtype": ["bfloat16"] * 5,
+        "check": ["ok", "ok", "ok", "FAILED: output 0 off", "ok"],
+        f"{KERNEL}_ms": [0.9, 1.0, 1.0, 0.1, float("nan")],  # row 1: fused 10% faster than every pipeline
+        "cublas+inductor_norm_ms": [1.0, 1.05, 1.0, 1.0, 1.0],  # row 2: Liger 5% faster, beats fused
+        "cublas+liger_norm_ms": [1.2, 1.0, 1.0, 1.0, 1.0],
+        "repeats": [3] * 5})
+    csv = tmp_path / "bench.csv"
+    rows.to_csv(csv, index=False)
+
+    run = _run(csv, tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "skipped (7, 7, 7, 'bfloat16'): no registry entry" in run.stdout
+    assert "skipped (262144, 2048, 512, 'bfloat16'): the fused kernel's check: FAILED" in run.stdout
+    assert "skipped (262144, 2048, 1024, 'bfloat16'): a missing time" in run.stdout
+    assert "2 record(s) written" in run.stdout
+
+    after = _entries(registry_file)
+    assert after.keys() == before.keys()
+    fused, liger = after[(262144, 512, 512, "bfloat16")], after[(262144, 1024, 1024, "bfloat16")]
+    assert (fused["dispatch"]["choice"], fused["dispatch"]["fused_ms"]) == ("fused", 0.9)
+    assert (liger["dispatch"]["choice"], liger["dispatch"]["unfused"]) == ("unfused", "cublas+liger_norm")
+    assert liger["dispatch"]["unfused_timed_ms"] == {"cublas+inductor_norm": 1.05, "cublas+liger_norm": 1.0}
+    assert "medians of 3 repeat(s)" in liger["dispatch"]["source"]
+    for key, entry in after.items():
+        assert entry["config"] == before[key]["config"]
+        if key[1:3] not in {(512, 512), (1024, 1024)}:
+            assert entry == before[key], key
+    # the same CSV again: the same file, byte for byte, but for the two records' sources
+    assert registry_file.read_text() != before_text
+    _run(csv, tmp_path)
+    assert _entries(registry_file) == after
+
+
+def test_a_kernel_without_liger_never_records_it(tmp_path):
+    """The full-row ops cannot run Liger's norm: its column in their benchmark is a comparison,
+    not a path, so a faster Liger pipeline leaves the compiled norm as the unfused path."""
+    kernel = "matmul_rmsnorm"
+    registry_file = _copy_registry(tmp_path, kernel)
+    key = next(iter(_entries(registry_file)))
+    rows = pd.DataFrame({"M": [key[0]], "K": [key[1]], "N": [key[2]], "dtype": [key[3]], "check": ["ok"],
+                         f"{kernel}_ms": [1.0], "cublas+inductor_norm_ms": [0.9], "cublas+liger_norm_ms": [0.5]})
+    csv = tmp_path / "bench.csv"
+    rows.to_csv(csv, index=False)
+    run = _run(csv, tmp_path, kernel)
+    assert run.returncode == 0, run.stderr
+    record = _entries(registry_file)[key]["dispatch"]
+    assert (record["choice"], record["unfused"]) == ("unfused", "cublas+inductor_norm")
+    assert "unfused_timed_ms" not in record
+
+
+def test_refuses_a_kernel_without_a_dispatcher_and_a_wrong_gpu(tmp_path):
+    csv = tmp_path / "bench.csv"
+    pd.DataFrame({"M": [1], "K": [1], "N": [1], "dtype": ["bfloat16"], "matmul_ms": [1.0]}).to_csv(csv)
+    run = _run(csv, tmp_path, "matmul")
+    assert run.returncode != 0 and "no dispatcher" in run.stderr
+    _copy_registry(tmp_path, KERNEL)
+    pd.DataFrame({"M": [262144], "K": [512], "N": [512], "dtype": ["bfloat16"], f"{KERNEL}_ms": [1.0],
+                  "cublas+inductor_norm_ms": [1.0]}).to_csv(csv, index=False)
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "dispatch_from_bench.py"), "--kernel", KERNEL,
+                          "--csv", str(csv), "--registry", str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    assert run.returncode != 0 and f"GPU keys there: {GPU}" in run.stderr  # the CSV's folder is no GPU key
+
+
+def test_refuses_a_csv_of_another_kernel(tmp_path):
+    csv = tmp_path / "other.csv"
+    pd.DataFrame({"M": [1], "K": [1], "N": [1], "dtype": ["bfloat16"], "cublas+inductor_norm_ms": [1.0]}).to_csv(csv)
+    run = _run(csv, tmp_path)
+    assert run.returncode != 0 and f"{KERNEL}_ms" in run.stderr
+
+
+def test_committed_split_n_records_are_those_of_the_committed_benchmark():
+    """The committed registry's split-N decisions are the rule applied to the committed
+    benchmark's medians (re-derive with the script after re-running that benchmark)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        from dispatch_from_bench import decisions
+    finally:
+        sys.path.pop(0)
+    for kernel in (KERNEL, "matmul_rmsnorm_split_n"):
+        committed = _entries(REPO / "configs" / GPU / f"{kernel}.json")
+        csv = REPO / "bench" / "results" / GPU / f"{kernel}_postnorm_split_n.csv"
+        for row in decisions(pd.read_csv(csv), kernel).itertuples(index=False):
+            record = committed[(row.M, row.K, row.N, row.dtype)]["dispatch"]
+            assert {k: record[k] for k in row.record} == row.record, (kernel, row.K, row.N)

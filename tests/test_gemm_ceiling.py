@@ -1,0 +1,91 @@
+"""``bench/gemm_ceiling.py``: every GEMM workload row once, the newest measurement, the aim
+checked, and the committed report current."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+GPU = "nvidia_h200_sm90"
+
+
+def _report(tmp_path: Path) -> pd.DataFrame:
+    run = subprocess.run([sys.executable, str(REPO / "bench" / "gemm_ceiling.py"), "--gpu", GPU, "--out", str(tmp_path)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    return pd.read_csv(tmp_path / "gemm_ceiling.csv", keep_default_na=False, na_values=[""])
+
+
+def test_every_committed_row_once_with_the_aim(tmp_path):
+    from helion_kernels import workloads
+
+    df = _report(tmp_path)
+    tables = pd.concat([workloads.load_workload(t)[["M", "K", "N"]] for t in
+                        ("prenorm_rmsnorm", "postnorm_fullrow", "postnorm_split_n", "training")])
+    assert len(df) == len(tables.drop_duplicates()) and not df.duplicated(["M", "K", "N"]).any()
+    assert (df["aim"] == df["K"].map(lambda k: 1.07 if k >= 512 else 1.15)).all()
+    checked = df[df.status.isin(["meets", "misses"])]
+    assert ((checked.helion_gemm_vs_cublas <= checked.aim) == (checked.status == "meets")).all()
+    assert df[df.status == "not measured"].helion_gemm_vs_cublas.isna().all()
+
+
+def test_committed_report_is_current(tmp_path):
+    _report(tmp_path)
+    for name in ("gemm_ceiling.csv", "gemm_ceiling.md"):
+        committed = REPO / "bench" / "results" / GPU / name
+        assert committed.read_text() == (tmp_path / name).read_text(), \
+            "run python bench/gemm_ceiling.py after changing benchmarks or the matmul registry"
+
+
+def _bench_file(folder: Path, stem: str, date: str | None, rows: list[dict]) -> None:
+    pd.DataFrame(rows).to_csv(folder / f"{stem}.csv", index=False)
+    if date is not None:
+        (folder / f"{stem}.json").write_text(json.dumps({"date": date, "kernel": "rmsnorm_matmul"}))
+
+
+def test_newest_timed_measurement_wins_and_single_runs_and_empty_folders_work(tmp_path, monkeypatch):
+    """Synthetic results: an old repeated run, a newer single run (no spread, no repeats), a
+    newest one whose GEMM ratio is missing, a result without a date; a registry entry tuned
+    between the first two."""
+    from helion_kernels import registry
+    from helion_kernels.spec import Shape
+
+    configs, results = tmp_path / "configs", tmp_path / "results"
+    shutil.copytree(REPO / "configs" / "workloads", configs / "workloads")
+    (results / GPU).mkdir(parents=True)
+    row = {"M": 65536, "K": 1024, "N": 1024, "dtype": "bfloat16", "rmsnorm_matmul_ms": 1.0}
+    _bench_file(results / GPU, "old", "2026-01-01T00:00:00+00:00",
+                [{**row, "helion_gemm_vs_cublas": 1.20, "helion_gemm_vs_cublas_spread": 0.01, "repeats": 3,
+                  "fused_vs_helion_gemm": 1.5}])
+    _bench_file(results / GPU, "new", "2026-02-01T00:00:00Z",
+                [{**row, "helion_gemm_vs_cublas": 1.05, "fused_vs_helion_gemm": 1.3},
+                 {**row, "K": 256, "N": 256, "helion_gemm_vs_cublas": 1.10}])
+    _bench_file(results / GPU, "newest", "2026-03-01T00:00:00+00:00", [{**row, "helion_gemm_vs_cublas": None}])
+    _bench_file(results / GPU, "undated", None, [{**row, "M": 131072, "helion_gemm_vs_cublas": 1.0}])
+    monkeypatch.setenv("HELION_KERNELS_CONFIG_DIR", str(configs))
+    registry.save_entry("matmul", GPU, registry.Entry(Shape(65536, 1024, 1024), "bfloat16", {"block_sizes": [64, 64, 64]},
+                                                      {"tuned_at": "2026-01-15T00:00:00+00:00"}))
+
+    def run(out):
+        done = subprocess.run([sys.executable, str(REPO / "bench" / "gemm_ceiling.py"), "--gpu", GPU, "--results",
+                               str(results), "--configs", str(configs), "--out", str(out)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return pd.read_csv(out / "gemm_ceiling.csv", keep_default_na=False, na_values=[""]).set_index(["M", "K", "N"])
+
+    df = run(tmp_path / "a")
+    assert df.loc[(65536, 1024, 1024), ["helion_gemm_vs_cublas", "status", "matmul_entry", "file"]].tolist() == \
+        [1.05, "meets", "exact", "new.csv"]
+    assert df.loc[(65536, 1024, 1024), "rmsnorm_matmul_vs_helion_gemm"] == 1.3
+    assert df.loc[(65536, 256, 256), "status"] == "meets"  # 1.10 under the 1.15 aim below K = 512
+    assert df.loc[(131072, 1024, 1024), "status"] == "date unknown"
+    assert (df.drop(index=[(65536, 1024, 1024), (65536, 256, 256), (131072, 1024, 1024)]).status == "not measured").all()
+
+    for path in (results / GPU).iterdir():
+        path.unlink()
+    assert (run(tmp_path / "b").status == "not measured").all()
