@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import math
 import os
@@ -65,6 +66,10 @@ def decisions(frame: pd.DataFrame, kernel: str) -> pd.DataFrame:
     return frame[["M", "K", "N", "dtype"]].assign(record=records, skipped=skipped)
 
 
+def _date(text: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
 def _shown(path: Path) -> str:
     """``path`` relative to the checkout where it lies inside it (what the registry records)."""
     path = path.resolve()
@@ -72,7 +77,10 @@ def _shown(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=" ".join(__doc__.split("\n\n")[0].split()) + " The rule: the fused kernel runs where every "
+        "unfused pipeline took at least 2% longer; another pipeline replaces the compiled norm where that "
+        "took at least 2% longer than it.")
     parser.add_argument("--kernel", required=True, help="the op's registry name, e.g. matmul_layernorm_split_n")
     parser.add_argument("--csv", required=True, type=Path, help="the benchmark's CSV (helion-kernels bench)")
     parser.add_argument("--gpu", default=None, help="registry GPU key (default: the CSV's folder name)")
@@ -80,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="registry root to rewrite (default: the checkout's configs/)")
     args = parser.parse_args(argv)
 
+    try:
+        args.kernel = get_spec(args.kernel).name  # an old name: the op's current one
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     frame = pd.read_csv(args.csv)
     table = decisions(frame, args.kernel)  # the kernel and the CSV's columns checked first
 
@@ -108,10 +120,17 @@ def main(argv: list[str] | None = None) -> int:
             continue
         old = entry.meta.get("dispatch", {})
         record = {**row.record, "source": source}
+        tuned, measured = entry.meta.get("tuned_at", ""), when
+        if tuned and measured and _date(tuned) > _date(measured):
+            print(f"warning: {key}: the entry was tuned ({tuned}) after this benchmark ran ({measured}); "
+                  "its times are of the previous config", file=sys.stderr)
         registry.save_entry(args.kernel, gpu, dataclasses.replace(entry, meta={**entry.meta, "dispatch": record}))
         recorded += 1
         before = registry.dispatch_text(old) if old else "-"
-        print(f"{'x'.join(map(str, key[:3]))} {key[3]}: {before} -> {registry.dispatch_text(record)}")
+        times = ", ".join(f"{name} {ms:.4g}" for name, ms in record.get("unfused_timed_ms",
+                                                                       {record["unfused"]: record["unfused_ms"]}).items())
+        print(f"{'x'.join(map(str, key[:3]))} {key[3]}: {before} -> {registry.dispatch_text(record)} "
+              f"(fused {record['fused_ms']:.4g} ms; {times} ms; margin {record['margin']})")
     print(f"{recorded} record(s) written to {path}")
     return 0 if recorded else 1
 

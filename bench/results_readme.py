@@ -130,8 +130,8 @@ def _rows(gpu: str, stems: tuple[str, ...]) -> pd.DataFrame:
         frames.append(pd.read_csv(RESULTS / gpu / f"{stem}.csv").assign(
             _kernel=info.get("kernel", stem), _date=pd.to_datetime(info.get("date"), utc=True)))
     df = pd.concat(frames, ignore_index=True)
-    key = ["_kernel", *(c for c in ("M", "K", "N", "dtype") if c in df.columns)]
-    if len(key) > 1:
+    if {"M", "K", "N"} <= set(df.columns):  # GEMM rows: one per kernel, layer, shape and dtype
+        key = ["_kernel", *(c for c in ("layer", "M", "K", "N", "dtype") if c in df.columns)]
         df = df.sort_values("_date", kind="stable", na_position="first").drop_duplicates(key, keep="last")
     return df.drop(columns=["_kernel", "_date"])
 

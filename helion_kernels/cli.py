@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import re
 import sys
@@ -196,7 +197,6 @@ def _retuned_since(df, path: Path, spec, gpu: str):
     was tuned after the benchmark ran (the file's JSON ``date``), so the committed times are
     not the config a call runs there; with the date. None where the file does not say (no
     date, no M/K/N/dtype columns). The registry is the merged one (a user's own re-tune counts)."""
-    import json
 
     def when(text):
         try:
@@ -219,6 +219,23 @@ def _retuned_since(df, path: Path, spec, gpu: str):
         tuned = when(entry.meta.get("tuned_at")) if entry is not None else None
         newer.append(tuned is not None and tuned > date)
     return newer, info["date"]
+
+
+def _decisions_changed(df, spec, gpu: str) -> list[str]:
+    """Rows of a committed result table whose recorded path (``dispatch``) is not the one the
+    registry's exact entry names today: ``"<row>: then <path>, now <path>"``."""
+    from .benchmark import row_labels
+
+    if "dispatch" not in df.columns or not {"M", "K", "N", "dtype"} <= set(df.columns):
+        return []
+    entries = registry.entries_for(spec.name, gpu)
+    out = []
+    for label, r in zip(row_labels(df), df.itertuples()):
+        entry = entries.get((int(r.M), int(r.K), int(r.N), r.dtype))
+        record = entry.meta.get("dispatch") if entry is not None else None
+        if record and isinstance(r.dispatch, str) and registry.dispatch_text(record) != r.dispatch:
+            out.append(f"{label}: then {r.dispatch}, now {registry.dispatch_text(record)}")
+    return out
 
 
 def _print_committed(args: argparse.Namespace, spec) -> None:
@@ -252,16 +269,25 @@ def _print_committed(args: argparse.Namespace, spec) -> None:
             saved = ("; saved_pct = % of the inductor norm's latency saved against cuBLAS + inductor norm"
                      if "saved_pct" in table else "")
             if "runs_speedup" in table:
-                saved += ("; runs = the path the op takes there (the registry's decision), runs_speedup = "
-                          "best_unfused_ms / its time")
+                saved += ("; runs = the path the op took when this was measured (the registry's decision then), "
+                          "runs_speedup = best_unfused_ms / its time")
             dtypes = ", ".join(sorted(set(df["dtype"]))) if "dtype" in df.columns else "dtype not recorded"
+            meta = path.with_suffix(".json")
+            date = json.loads(meta.read_text()).get("date", "") if meta.is_file() else ""
             print("\n" + textwrap.fill(
-                f"Committed results measured on {gpu} ({dtypes}): {path.relative_to(_CHECKOUT)} (full table: "
+                f"Committed results measured on {gpu} ({dtypes}{', ' + date[:16] if date else ''}): "
+                f"{path.relative_to(_CHECKOUT)} (full table: "
                 f"{path.with_suffix('.md').name}). fused_ms = this kernel, best_unfused_ms = the fastest "
                 f"unfused pipeline, speedup = best_unfused_ms / fused_ms{saved}.", WIDTH) + "\n")
             if note:
                 print(note)
             print(table)
+            changed = _decisions_changed(df, spec, gpu)
+            if changed:
+                print("\n" + textwrap.fill(
+                    "The registry's decision has changed since this benchmark at: " + "; ".join(changed)
+                    + " (the registry was updated after this run: a re-tune, or a decision re-derived from "
+                    "these medians by bench/dispatch_from_bench.py).", WIDTH))
             retuned = _retuned_since(df, path, spec, gpu)
             if retuned is not None and any(retuned[0]):
                 rows = [label for label, newer in zip(row_labels(df), retuned[0]) if newer]
@@ -288,9 +314,15 @@ def _cpu_bench(args: argparse.Namespace, spec, problems: list) -> int:
     print(shown.to_string(index=False, na_rep="-"))
     print("\n" + CPU_LEGEND)
     if "runs" in report.columns:
+        import importlib.util
+
+        here = ("" if importlib.util.find_spec("liger_kernel") is not None and torch.cuda.is_available()
+                else " Liger's norm cannot run on this machine (no CUDA GPU or no liger-kernel): here the "
+                     "compiled norm would run instead.")
         print(textwrap.fill("runs = what the op runs at that row: the fused kernel, or its unfused pipeline "
                             "(the registry's recorded choice, or N past the full-row limit); unfused (Liger norm) = "
-                            "cuBLAS + Liger's norm, where liger-kernel is installed (else the compiled norm).", WIDTH))
+                            "cuBLAS + Liger's norm, where liger-kernel is installed (else the compiled norm)." + here,
+                            WIDTH))
     if len(report) < len(problems) * max(1, len(registry.known_gpus())):
         fields = type(problems[0].key)._fields
         why = ("rows that share a key are listed once" if "M" in fields

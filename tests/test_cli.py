@@ -226,3 +226,23 @@ def test_committed_tables_show_the_dispatched_path_in_m_order():
         assert line.split()[-2] == choice
     names = ["x_M_131072.csv", "x_M_65536.csv", "x_M_524288.csv"]
     assert sorted(names, key=lambda n: _natural(Path(n))) == ["x_M_65536.csv", "x_M_131072.csv", "x_M_524288.csv"]
+
+
+def test_committed_rows_whose_decision_changed_since_are_named(registry_dir):
+    """A committed benchmark records the path the op took then; where the registry's exact entry
+    names another path now, the CPU bench says so (then / now), and only there."""
+    import pandas as pd
+
+    from helion_kernels.cli import _decisions_changed
+    from helion_kernels.kernels import get_spec
+
+    spec = get_spec("matmul_layernorm_split_n")
+    liger = {"choice": "unfused", "unfused": "cublas+liger_norm", "fused_ms": 2.0, "unfused_ms": 1.0}
+    compiled = {**liger, "unfused": "cublas+inductor_norm"}
+    for n, record in ((512, liger), (1024, compiled)):
+        registry.save_entry(spec.name, "g_sm90", registry.Entry(Shape(64, 32, n), "bfloat16", {"block_sizes": [16]},
+                                                                 {"dispatch": record}))
+    df = pd.DataFrame({"M": 64, "K": 32, "N": [512, 1024, 2048], "dtype": "bfloat16",
+                       "dispatch": ["unfused", "unfused", "unfused"]})
+    assert _decisions_changed(df, spec, "g_sm90") == ["64x32x512: then unfused, now unfused (Liger norm)"]
+    assert _decisions_changed(df.drop(columns="dispatch"), spec, "g_sm90") == []

@@ -96,6 +96,8 @@ def test_refuses_a_kernel_without_a_dispatcher_and_a_wrong_gpu(tmp_path):
     pd.DataFrame({"M": [1], "K": [1], "N": [1], "dtype": ["bfloat16"], "matmul_ms": [1.0]}).to_csv(csv)
     run = _run(csv, tmp_path, "matmul")
     assert run.returncode != 0 and "no dispatcher" in run.stderr
+    run = _run(csv, tmp_path, "foo")
+    assert run.returncode != 0 and "unknown kernel 'foo'" in run.stderr and "Traceback" not in run.stderr
     _copy_registry(tmp_path, KERNEL)
     pd.DataFrame({"M": [262144], "K": [512], "N": [512], "dtype": ["bfloat16"], f"{KERNEL}_ms": [1.0],
                   "cublas+inductor_norm_ms": [1.0]}).to_csv(csv, index=False)

@@ -68,6 +68,9 @@ def test_newest_timed_measurement_wins_and_single_runs_and_empty_folders_work(tm
                  {**row, "K": 256, "N": 256, "helion_gemm_vs_cublas": 1.10}])
     _bench_file(results / GPU, "newest", "2026-03-01T00:00:00+00:00", [{**row, "helion_gemm_vs_cublas": None}])
     _bench_file(results / GPU, "undated", None, [{**row, "M": 131072, "helion_gemm_vs_cublas": 1.0}])
+    # a single run from before the bench wrote the ratio columns: the ratios come from the times
+    _bench_file(results / GPU, "single", "2026-01-01T00:00:00+00:00",
+                [{**row, "M": 262144, "K": 64, "N": 64, "helion_matmul_ms": 2.0, "cublas_mm_ms": 1.0}])
     monkeypatch.setenv("HELION_KERNELS_CONFIG_DIR", str(configs))
     registry.save_entry("matmul", GPU, registry.Entry(Shape(65536, 1024, 1024), "bfloat16", {"block_sizes": [64, 64, 64]},
                                                       {"tuned_at": "2026-01-15T00:00:00+00:00"}))
@@ -84,7 +87,10 @@ def test_newest_timed_measurement_wins_and_single_runs_and_empty_folders_work(tm
     assert df.loc[(65536, 1024, 1024), "rmsnorm_matmul_vs_helion_gemm"] == 1.3
     assert df.loc[(65536, 256, 256), "status"] == "meets"  # 1.10 under the 1.15 aim below K = 512
     assert df.loc[(131072, 1024, 1024), "status"] == "date unknown"
-    assert (df.drop(index=[(65536, 1024, 1024), (65536, 256, 256), (131072, 1024, 1024)]).status == "not measured").all()
+    assert df.loc[(262144, 64, 64), ["helion_gemm_vs_cublas", "rmsnorm_matmul_vs_helion_gemm", "status"]].tolist() == \
+        [2.0, 0.5, "misses"]
+    measured = [(65536, 1024, 1024), (65536, 256, 256), (131072, 1024, 1024), (262144, 64, 64)]
+    assert (df.drop(index=measured).status == "not measured").all()
 
     for path in (results / GPU).iterdir():
         path.unlink()

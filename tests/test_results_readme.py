@@ -42,3 +42,8 @@ def test_a_headline_counts_a_re_run_row_once_with_its_newer_time(tmp_path, monke
         (tmp_path / "g" / f"{stem}.json").write_text(json.dumps({"kernel": kernel, "date": date}))
     rows = results_readme._rows("g", ("again", "all", "other"))
     assert sorted(zip(rows.M, rows.x)) == [(8, 1.0), (8, 2.0), (16, 1.1)]
+    # rows told apart by a layer, and attention rows (no M, K, N), are all kept
+    pd.DataFrame({"layer": ["a", "b"], "M": 8, "K": 4, "N": 4, "dtype": "bfloat16", "x": [1, 2]}).to_csv(
+        tmp_path / "g" / "layers.csv", index=False)
+    pd.DataFrame({"H": [2, 4, 8], "dtype": "bfloat16", "x": [1, 2, 3]}).to_csv(tmp_path / "g" / "attn.csv", index=False)
+    assert len(results_readme._rows("g", ("layers",))) == 2 and len(results_readme._rows("g", ("attn",))) == 3
