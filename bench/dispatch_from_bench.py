@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
 import math
 import os
@@ -64,10 +63,6 @@ def decisions(frame: pd.DataFrame, kernel: str) -> pd.DataFrame:
             records.append(tuning.dispatch_decision(float(times[0]), float(times[1]), default, alternatives))
             skipped.append("")
     return frame[["M", "K", "N", "dtype"]].assign(record=records, skipped=skipped)
-
-
-def _date(text: str) -> datetime.datetime:
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def _shown(path: Path) -> str:
@@ -121,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         old = entry.meta.get("dispatch", {})
         record = {**row.record, "source": source}
         tuned, measured = entry.meta.get("tuned_at", ""), when
-        if tuned and measured and _date(tuned) > _date(measured):
+        tuned_at, measured_at = registry.timestamp(tuned), registry.timestamp(measured)
+        if tuned_at and measured_at and tuned_at > measured_at:
             print(f"warning: {key}: the entry was tuned ({tuned}) after this benchmark ran ({measured}); "
                   "its times are of the previous config", file=sys.stderr)
         registry.save_entry(args.kernel, gpu, dataclasses.replace(entry, meta={**entry.meta, "dispatch": record}))

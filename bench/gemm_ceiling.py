@@ -17,7 +17,6 @@ Writes ``bench/results/<gpu>/gemm_ceiling.{csv,md,png}``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 from pathlib import Path
 
@@ -43,14 +42,6 @@ COLUMNS = [*KEY, "kernel", "helion_gemm_vs_cublas", "helion_gemm_vs_cublas_sprea
            "repeats", "file", "measured_at"]
 
 
-def _when(text) -> datetime.datetime | None:
-    """A result file's ISO date (``...+00:00`` or ``...Z``) or a registry ``tuned_at``; None if absent."""
-    try:
-        return datetime.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
 def measurements(folder: Path) -> pd.DataFrame:
     """Every bf16 benchmark row of ``folder`` that timed the plain Helion GEMM beside cuBLAS:
     the benchmarked kernel (the result's ``.json`` names it), the ratios, the file and its date
@@ -67,7 +58,8 @@ def measurements(folder: Path) -> pd.DataFrame:
         # the bench writes the kernel's own timing column first, before the baselines
         kernel = meta.get("kernel") or next(c[:-3] for c in columns if c.endswith("_ms"))
         df = pd.read_csv(csv)
-        df = df[df["dtype"] == "bfloat16"].assign(kernel=kernel, file=csv.name, measured_at=_when(meta.get("date")))
+        df = df[df["dtype"] == "bfloat16"].assign(kernel=kernel, file=csv.name,
+                                                  measured_at=registry.timestamp(meta.get("date")))
         if "repeats" not in df:
             df["repeats"] = 1
         if "helion_gemm_vs_cublas" not in df:  # a single run from before the bench wrote the ratios
@@ -101,7 +93,8 @@ def report(gpu: str, results: Path, configs: Path) -> pd.DataFrame:
         out = out.merge(fused, on=KEY, how="left")
 
     entries = registry.load_entries(configs / gpu / "matmul.json")
-    tuned = {key[:3]: _when(entry.meta.get("tuned_at")) for key, entry in entries.items() if key[3] == "bfloat16"}
+    tuned = {key[:3]: registry.timestamp(entry.meta.get("tuned_at"))
+             for key, entry in entries.items() if key[3] == "bfloat16"}
     out["aim"] = out["K"].map(aim)
 
     def status(r) -> str:

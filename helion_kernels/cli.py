@@ -198,15 +198,9 @@ def _retuned_since(df, path: Path, spec, gpu: str):
     not the config a call runs there; with the date. None where the file does not say (no
     date, no M/K/N/dtype columns). The registry is the merged one (a user's own re-tune counts)."""
 
-    def when(text):
-        try:
-            return datetime.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
-        except ValueError:
-            return None
-
     meta = path.with_suffix(".json")
     info = json.loads(meta.read_text()) if meta.is_file() else None
-    date = when(info.get("date")) if isinstance(info, dict) else None
+    date = registry.timestamp(info.get("date")) if isinstance(info, dict) else None
     if date is None or not {"M", "K", "N", "dtype"} <= set(df.columns):
         return None
     entries = registry.entries_for(spec.name, gpu)
@@ -216,7 +210,7 @@ def _retuned_since(df, path: Path, spec, gpu: str):
             entry = entries.get((int(r.M), int(r.K), int(r.N), r.dtype))
         except (TypeError, ValueError):  # a row without a shape
             entry = None
-        tuned = when(entry.meta.get("tuned_at")) if entry is not None else None
+        tuned = registry.timestamp(entry.meta.get("tuned_at")) if entry is not None else None
         newer.append(tuned is not None and tuned > date)
     return newer, info["date"]
 

@@ -44,6 +44,7 @@ neither Helion nor the kernels: configs stay JSON dicts here.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import functools
 import json
 import math
@@ -73,6 +74,15 @@ class RegistryError(RuntimeError):
 
 class ConfigFallbackWarning(UserWarning):
     """A call runs with a config tuned for another shape or GPU, or with the default config."""
+
+
+def timestamp(text) -> datetime.datetime | None:
+    """An entry's ``tuned_at`` or a result file's ``date`` (ISO 8601, ``+00:00`` or ``Z``) as a
+    datetime; None where it is missing or not a date."""
+    try:
+        return datetime.datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
 
 
 def dispatch_text(dispatch: dict) -> str:

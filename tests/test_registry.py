@@ -325,3 +325,11 @@ def test_committed_dispatch_records_follow_the_margin_rule():
             liger_path = record["choice"] == "unfused" and record["unfused"] == "cublas+liger_norm"
             assert registry.dispatch_text(record) == ("unfused (Liger norm)" if liger_path else record["choice"])
     assert liger >= 1
+
+
+def test_timestamp_reads_both_iso_forms_and_nothing_else():
+    """Entries write ``+00:00``, some result files ``Z``; both are the same instant. A missing
+    or malformed date is None, never an exception (the reports then say the date is unknown)."""
+    assert registry.timestamp("2026-12-02T12:23:00Z") == registry.timestamp("2026-12-02T12:23:00+00:00")
+    assert registry.timestamp("2026-12-02T12:23:00+00:00").tzinfo is not None
+    assert registry.timestamp(None) is None and registry.timestamp("") is None and registry.timestamp("soon") is None
