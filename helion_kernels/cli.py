@@ -203,16 +203,24 @@ def _retuned_since(df, path: Path, spec, gpu: str):
     date = registry.timestamp(info.get("date")) if isinstance(info, dict) else None
     if date is None or not {"M", "K", "N", "dtype"} <= set(df.columns):
         return None
-    entries = registry.entries_for(spec.name, gpu)
     newer = []
-    for r in df.itertuples():
-        try:
-            entry = entries.get((int(r.M), int(r.K), int(r.N), r.dtype))
-        except (TypeError, ValueError):  # a row without a shape
-            entry = None
+    for entry in _exact_entries(df, spec, gpu):
         tuned = registry.timestamp(entry.meta.get("tuned_at")) if entry is not None else None
         newer.append(tuned is not None and tuned > date)
     return newer, info["date"]
+
+
+def _exact_entries(df, spec, gpu: str) -> list:
+    """Per row of a result table with M, K, N and dtype columns: the registry entry (merged
+    layers) at exactly that key, None where there is none or the row has no shape."""
+    entries = registry.entries_for(spec.name, gpu)
+    found = []
+    for r in df.itertuples():
+        try:
+            found.append(entries.get((int(r.M), int(r.K), int(r.N), r.dtype)))
+        except (TypeError, ValueError):  # a row without a shape
+            found.append(None)
+    return found
 
 
 def _decisions_changed(df, spec, gpu: str) -> list[str]:
@@ -222,13 +230,11 @@ def _decisions_changed(df, spec, gpu: str) -> list[str]:
 
     if "dispatch" not in df.columns or not {"M", "K", "N", "dtype"} <= set(df.columns):
         return []
-    entries = registry.entries_for(spec.name, gpu)
     out = []
-    for label, r in zip(row_labels(df), df.itertuples()):
-        entry = entries.get((int(r.M), int(r.K), int(r.N), r.dtype))
+    for label, then, entry in zip(row_labels(df), df["dispatch"], _exact_entries(df, spec, gpu)):
         record = entry.meta.get("dispatch") if entry is not None else None
-        if record and isinstance(r.dispatch, str) and registry.dispatch_text(record) != r.dispatch:
-            out.append(f"{label}: then {r.dispatch}, now {registry.dispatch_text(record)}")
+        if record and isinstance(then, str) and registry.dispatch_text(record) != then:
+            out.append(f"{label}: then {then}, now {registry.dispatch_text(record)}")
     return out
 
 

@@ -22,8 +22,9 @@ import pytest
 import torch
 
 # The measured-but-unshipped kernels under bench/variants/ are tested too (they are kept so
-# that their A/B scripts can be re-run).
+# that their A/B scripts can be re-run), and so are the report scripts under bench/.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "variants"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     MODE = "triton_interpret"

@@ -7,21 +7,20 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
+from _bench_scripts import REPO, run_bench_script
+from dispatch_from_bench import decisions
 
-REPO = Path(__file__).resolve().parent.parent
 GPU = "nvidia_h200_sm90"
 KERNEL = "matmul_layernorm_split_n"
 
 
 def _run(csv: Path, registry_dir: Path, kernel: str = KERNEL) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "HELION_KERNELS_CONFIG_DIR"}
-    return subprocess.run([sys.executable, str(REPO / "bench" / "dispatch_from_bench.py"), "--kernel", kernel,
-                           "--csv", str(csv), "--gpu", GPU, "--registry", str(registry_dir)],
-                          capture_output=True, text=True, env=env, cwd=REPO)
+    return run_bench_script("dispatch_from_bench", "--kernel", kernel, "--csv", csv, "--gpu", GPU,
+                            "--registry", registry_dir, env=env)
 
 
 def _copy_registry(tmp_path: Path, kernel: str) -> Path:
@@ -101,8 +100,7 @@ def test_refuses_a_kernel_without_a_dispatcher_and_a_wrong_gpu(tmp_path):
     _copy_registry(tmp_path, KERNEL)
     pd.DataFrame({"M": [262144], "K": [512], "N": [512], "dtype": ["bfloat16"], f"{KERNEL}_ms": [1.0],
                   "cublas+inductor_norm_ms": [1.0]}).to_csv(csv, index=False)
-    run = subprocess.run([sys.executable, str(REPO / "bench" / "dispatch_from_bench.py"), "--kernel", KERNEL,
-                          "--csv", str(csv), "--registry", str(tmp_path)], capture_output=True, text=True, cwd=REPO)
+    run = run_bench_script("dispatch_from_bench", "--kernel", KERNEL, "--csv", csv, "--registry", tmp_path)
     assert run.returncode != 0 and f"GPU keys there: {GPU}" in run.stderr  # the CSV's folder is no GPU key
 
 
@@ -116,11 +114,6 @@ def test_refuses_a_csv_of_another_kernel(tmp_path):
 def test_committed_split_n_records_are_those_of_the_committed_benchmark():
     """The committed registry's split-N decisions are the rule applied to the committed
     benchmark's medians (re-derive with the script after re-running that benchmark)."""
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        from dispatch_from_bench import decisions
-    finally:
-        sys.path.pop(0)
     for kernel in (KERNEL, "matmul_rmsnorm_split_n"):
         committed = _entries(REPO / "configs" / GPU / f"{kernel}.json")
         csv = REPO / "bench" / "results" / GPU / f"{kernel}_postnorm_split_n.csv"

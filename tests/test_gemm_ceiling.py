@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
+from _bench_scripts import REPO, run_bench_script
 
-REPO = Path(__file__).resolve().parent.parent
 GPU = "nvidia_h200_sm90"
 
 
 def _report(tmp_path: Path) -> pd.DataFrame:
-    run = subprocess.run([sys.executable, str(REPO / "bench" / "gemm_ceiling.py"), "--gpu", GPU, "--out", str(tmp_path)],
-                         capture_output=True, text=True)
+    run = run_bench_script("gemm_ceiling", "--gpu", GPU, "--out", tmp_path)
     assert run.returncode == 0, run.stderr
     return pd.read_csv(tmp_path / "gemm_ceiling.csv", keep_default_na=False, na_values=[""])
 
@@ -76,8 +73,7 @@ def test_newest_timed_measurement_wins_and_single_runs_and_empty_folders_work(tm
                                                       {"tuned_at": "2026-01-15T00:00:00+00:00"}))
 
     def run(out):
-        done = subprocess.run([sys.executable, str(REPO / "bench" / "gemm_ceiling.py"), "--gpu", GPU, "--results",
-                               str(results), "--configs", str(configs), "--out", str(out)], capture_output=True, text=True)
+        done = run_bench_script("gemm_ceiling", "--gpu", GPU, "--results", results, "--configs", configs, "--out", out)
         assert done.returncode == 0, done.stderr
         return pd.read_csv(out / "gemm_ceiling.csv", keep_default_na=False, na_values=[""]).set_index(["M", "K", "N"])
 

@@ -3,16 +3,11 @@ README's headline block and bench/results/README.md must match what the script w
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
+from _bench_scripts import REPO, run_bench_script
 
 
 def test_generated_results_are_up_to_date():
-    run = subprocess.run([sys.executable, str(REPO / "bench" / "results_readme.py"), "--check"],
-                         capture_output=True, text=True)
+    run = run_bench_script("results_readme", "--check")
     assert run.returncode == 0, run.stderr
 
 
@@ -27,11 +22,8 @@ def test_a_headline_counts_a_re_run_row_once_with_its_newer_time(tmp_path, monke
 
     import pandas as pd
 
-    sys.path.insert(0, str(REPO / "bench"))
-    try:
-        import results_readme
-    finally:
-        sys.path.pop(0)
+    import results_readme
+
     monkeypatch.setattr(results_readme, "RESULTS", tmp_path)
     (tmp_path / "g").mkdir()
     for stem, kernel, date, ratio in (("all", "k", "2026-01-01T00:00:00+00:00", [1.2, 1.1]),

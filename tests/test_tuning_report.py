@@ -3,19 +3,16 @@ matches the committed registry."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
+from _bench_scripts import REPO, run_bench_script
 
-REPO = Path(__file__).resolve().parent.parent
 GPU = "nvidia_h200_sm90"
 
 
 def _report(tmp_path: Path) -> pd.DataFrame:
-    run = subprocess.run([sys.executable, str(REPO / "bench" / "tuning_report.py"), "--gpu", GPU, "--out", str(tmp_path)],
-                         capture_output=True, text=True)
+    run = run_bench_script("tuning_report", "--gpu", GPU, "--out", tmp_path)
     assert run.returncode == 0, run.stderr
     return pd.read_csv(tmp_path / "tuning_report.csv")
 
@@ -42,12 +39,11 @@ def test_since_prints_and_leaves_the_committed_report_whole(tmp_path):
     every entry says so in a line (no pandas dump)."""
     committed = REPO / "bench" / "results" / GPU / "tuning_report.csv"
     before = committed.stat().st_mtime_ns
-    script = str(REPO / "bench" / "tuning_report.py")
-    run = subprocess.run([sys.executable, script, "--gpu", GPU, "--since", "2026-12-02"], capture_output=True, text=True)
+    run = run_bench_script("tuning_report", "--gpu", GPU, "--since", "2026-12-02")
     assert run.returncode == 0, run.stderr
     assert "rmsnorm_matmul" in run.stdout and "wrote" not in run.stdout
     assert committed.stat().st_mtime_ns == before
-    run = subprocess.run([sys.executable, script, "--gpu", GPU, "--since", "2099-01-01"], capture_output=True, text=True)
+    run = run_bench_script("tuning_report", "--gpu", GPU, "--since", "2099-01-01")
     assert run.returncode == 0 and run.stdout.strip() == f"tuning_report: no {GPU} entries tuned on or after 2099-01-01 (UTC)"
     assert committed.stat().st_mtime_ns == before
 
