@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import sys
@@ -102,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
     repeats = frame["repeats"].max() if "repeats" in frame.columns else float("nan")
     repeats = int(repeats) if pd.notna(repeats) else 1
-    meta_path = args.csv.with_suffix(".json")
-    when = json.loads(meta_path.read_text()).get("date", "") if meta_path.exists() else ""
+    when = registry.result_meta(args.csv).get("date", "")
     source = f"{_shown(args.csv)} (CUDA-graph medians of {repeats} repeat(s){', ' + when if when else ''})"
 
     recorded = 0

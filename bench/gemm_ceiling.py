@@ -17,7 +17,6 @@ Writes ``bench/results/<gpu>/gemm_ceiling.{csv,md,png}``.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import matplotlib
@@ -53,8 +52,7 @@ def measurements(folder: Path) -> pd.DataFrame:
             continue
         if "helion_gemm_vs_cublas" not in columns and not {"helion_matmul_ms", "cublas_mm_ms"} <= set(columns):
             continue
-        meta_path = csv.with_suffix(".json")
-        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        meta = registry.result_meta(csv)
         # the bench writes the kernel's own timing column first, before the baselines
         kernel = meta.get("kernel") or next(c[:-3] for c in columns if c.endswith("_ms"))
         df = pd.read_csv(csv)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import re
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import torch
@@ -77,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
         "re-tune the entries tuned before this date (UTC, as the registry's tuned_at) and tune the "
         "missing ones; entries from this date on are kept, so a re-tune that was stopped resumes "
         "where it stopped"))
+    tune.add_argument("--time-limit", type=_positive_int, metavar="SECONDS", help=(
+        "end the sweep within this many seconds (a batch job's limit): a shape starts only while its "
+        "budget + 50 s remain (the most a shape has run past its budget on an H200), the rest are "
+        "reported 'not started'; the same command later tunes them and skips the finished ones"))
     tune.add_argument("--seed", type=int, default=0, help="random seed of inputs and search")
     tune.add_argument("--gpus", default="1", type=_gpus_value, help=(
         "tune on this many GPUs at once (a count, or 'all'): one worker process per GPU takes the "
@@ -151,11 +155,13 @@ def _cmd_autotune(args: argparse.Namespace) -> int:
     if (_CHECKOUT / "autotune_cache").is_dir():  # a source checkout keeps Helion's cache there
         os.environ.setdefault("HELION_CACHE_DIR", str(_CHECKOUT / "autotune_cache"))
     options = TuneOptions(effort=args.effort, budget_seconds=args.budget_seconds, force=args.force, seed=args.seed,
-                          compiler_seeds=args.compiler_seeds, retune_before=args.retune_before)
+                          compiler_seeds=args.compiler_seeds, retune_before=args.retune_before,
+                          deadline=None if args.time_limit is None else time.time() + args.time_limit)
     results = tune(spec, problems, DTYPES[args.dtype], options, torch.device("cuda"), gpus)
-    counts = {s: sum(r.status == s for r in results) for s in ("tuned", "skipped", "failed")}
+    counts = {s: sum(r.status == s for r in results) for s in ("tuned", "skipped", "not started", "failed")}
     path = registry.registry_path(spec.name, registry.gpu_key("cuda"))
-    print(f"{counts['tuned']} tuned, {counts['skipped']} skipped, {counts['failed']} failed; registry: {path}")
+    late = f", {counts['not started']} not started (--time-limit; run the command again)" if counts["not started"] else ""
+    print(f"{counts['tuned']} tuned, {counts['skipped']} skipped{late}, {counts['failed']} failed; registry: {path}")
     return 1 if counts["failed"] else 0
 
 
@@ -198,9 +204,8 @@ def _retuned_since(df, path: Path, spec, gpu: str):
     not the config a call runs there; with the date. None where the file does not say (no
     date, no M/K/N/dtype columns). The registry is the merged one (a user's own re-tune counts)."""
 
-    meta = path.with_suffix(".json")
-    info = json.loads(meta.read_text()) if meta.is_file() else None
-    date = registry.timestamp(info.get("date")) if isinstance(info, dict) else None
+    info = registry.result_meta(path)
+    date = registry.timestamp(info.get("date"))
     if date is None or not {"M", "K", "N", "dtype"} <= set(df.columns):
         return None
     newer = []
@@ -272,8 +277,7 @@ def _print_committed(args: argparse.Namespace, spec) -> None:
                 saved += ("; runs = the path the op took when this was measured (the registry's decision then), "
                           "runs_speedup = best_unfused_ms / its time")
             dtypes = ", ".join(sorted(set(df["dtype"]))) if "dtype" in df.columns else "dtype not recorded"
-            meta = path.with_suffix(".json")
-            date = json.loads(meta.read_text()).get("date", "") if meta.is_file() else ""
+            date = registry.result_meta(path).get("date", "")
             print("\n" + textwrap.fill(
                 f"Committed results measured on {gpu} ({dtypes}{', ' + date[:16] if date else ''}): "
                 f"{path.relative_to(_CHECKOUT)} (full table: "

@@ -9,7 +9,7 @@ when they do not run their fused kernel, provided liger-kernel >= 0.8.5 is insta
 the entry is near the call's shape (:func:`~helion_kernels.runtime.unfused_pipeline`).
 Elsewhere the compiled norm runs, as before. On the H200 this is LayerNorm at K x N =
 512x2048, 1024x2048, 2048x2048 and 512x4096 (at N >= 2048 inductor's LayerNorm reads each row
-twice, a looped reduction; Liger's once) and RMSNorm at 512x4096
+twice, a looped reduction; Liger's once) and RMSNorm at 512x2048 and 512x4096
 (``bench/results/nvidia_h200_sm90/matmul_{layernorm,rmsnorm}_split_n_postnorm_split_n.csv``,
 medians of 3 repeats).
 

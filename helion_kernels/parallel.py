@@ -27,6 +27,8 @@ from typing import Any, Callable
 
 MAX_RESTARTS = 3
 _POLL_SECONDS = 0.5
+# How a sweep prints each result's status (rich markup); the statuses of tuning.TuneResult.
+STATUS_STYLES = {"tuned": "green", "skipped": "dim", "not started": "yellow", "failed": "red"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,8 +126,8 @@ def run_parallel(title: str, items: list[Item], job: Callable, failed: Callable,
             if index in done:  # a crash already counted it
                 return
             done[index] = result
-            style = {"tuned": "green", "skipped": "dim", "failed": "red"}[result.status]
-            progress.console.print(f"[{style}]{result.status:8}[/] {result.key}  {result.message}")
+            style = STATUS_STYLES[result.status]
+            progress.console.print(f"[{style}]{result.status:11}[/] {result.key}  {result.message}")
             progress.advance(task)
 
         def describe() -> None:

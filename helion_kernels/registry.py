@@ -85,6 +85,15 @@ def timestamp(text) -> datetime.datetime | None:
         return None
 
 
+def result_meta(csv) -> dict:
+    """The metadata the benchmark wrote beside a result table (``<stem>.json`` beside
+    ``<stem>.csv``: kernel, command, ``date`` for :func:`timestamp`, versions, ...); {} where
+    the table has none."""
+    path = Path(csv).with_suffix(".json")
+    meta = json.loads(path.read_text()) if path.is_file() else {}
+    return meta if isinstance(meta, dict) else {}
+
+
 def dispatch_text(dispatch: dict) -> str:
     """A registry entry's dispatch record in a word or three: ``fused``, ``unfused``, or
     ``unfused (Liger norm)`` where the unfused path is cuBLAS + Liger's norm (run where

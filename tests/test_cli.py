@@ -246,3 +246,39 @@ def test_committed_rows_whose_decision_changed_since_are_named(registry_dir):
                        "dispatch": ["unfused", "unfused", "unfused"]})
     assert _decisions_changed(df, spec, "g_sm90") == ["64x32x512: then unfused, now unfused (Liger norm)"]
     assert _decisions_changed(df.drop(columns="dispatch"), spec, "g_sm90") == []
+
+
+def test_time_limit_becomes_the_sweeps_deadline_and_is_reported(capsys, monkeypatch, registry_dir):
+    """``--time-limit S``: the sweep's options carry ``deadline`` = now + S, and the summary
+    counts the keys the limit left for a rerun (the sweep itself is faked: no GPU here)."""
+    import time
+
+    import torch
+
+    from helion_kernels import tuning
+
+    seen = {}
+
+    def fake_tune(spec, problems, dtype, options, device, gpus):
+        seen["options"] = options
+        return [tuning.TuneResult(Shape(1, 2, 3), "tuned", 1.0, ""),
+                tuning.TuneResult(Shape(4, 5, 6), "not started", 0.0, "late")]
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(tuning, "tune", fake_tune)
+    monkeypatch.setattr(registry, "gpu_key", lambda device=None: "test_gpu_sm90")
+    t0 = time.time()
+    assert main(["autotune", "--kernel", "matmul", "--shape", "64,64,64", "--time-limit", "600"]) == 0
+    assert t0 + 600 <= seen["options"].deadline <= time.time() + 600
+    assert "1 tuned, 0 skipped, 1 not started (--time-limit; run the command again), 0 failed" in capsys.readouterr().out
+    main(["autotune", "--kernel", "matmul", "--shape", "64,64,64"])
+    assert seen["options"].deadline is None
+
+
+def test_time_limit_help_states_the_overshoot(capsys):
+    from helion_kernels import tuning
+
+    with pytest.raises(SystemExit):
+        main(["autotune", "--help"])
+    assert f"budget + {tuning.OVERSHOOT_SECONDS} s" in " ".join(capsys.readouterr().out.split())

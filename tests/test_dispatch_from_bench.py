@@ -1,26 +1,62 @@
 """``bench/dispatch_from_bench.py``: a benchmark CSV's medians become the registry's dispatch
-records, by the library's margin rule, without touching configs or other entries."""
+records, by the library's margin rule, without touching configs or other entries.
+
+The script's ``main`` runs in this process (a subprocess per call re-imports torch and Helion:
+20 s a call on a busy GPU machine); one test runs it as a user does, as a separate process."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from _bench_scripts import REPO, run_bench_script
-from dispatch_from_bench import decisions
+from dispatch_from_bench import decisions, main
+
+from helion_kernels import registry
 
 GPU = "nvidia_h200_sm90"
 KERNEL = "matmul_layernorm_split_n"
 
 
-def _run(csv: Path, registry_dir: Path, kernel: str = KERNEL) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "HELION_KERNELS_CONFIG_DIR"}
-    return run_bench_script("dispatch_from_bench", "--kernel", kernel, "--csv", csv, "--gpu", GPU,
-                            "--registry", registry_dir, env=env)
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def run_script(capsys, monkeypatch):
+    """``run_script(*argv)``: the script's ``main`` in this process -> Run(returncode, stdout,
+    stderr). ``main`` points the registry's environment variable at ``--registry``; monkeypatch
+    restores it afterwards."""
+    monkeypatch.delenv(registry.ENV_CONFIG_DIR, raising=False)
+
+    def run(*argv) -> Run:
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as err:  # argparse and the script's refusals
+            code = err.code
+            if isinstance(code, str):
+                print(code, file=sys.stderr)
+                code = 1
+        out = capsys.readouterr()
+        return Run(code, out.out, out.err)
+    return run
+
+
+@pytest.fixture
+def run(run_script):
+    """``run(csv, registry_dir, kernel=KERNEL)``: the script on the test's registry copy."""
+    def _run(csv: Path, registry_dir: Path, kernel: str = KERNEL) -> Run:
+        return run_script("--kernel", kernel, "--csv", csv, "--gpu", GPU, "--registry", registry_dir)
+    return _run
 
 
 def _copy_registry(tmp_path: Path, kernel: str) -> Path:
@@ -34,7 +70,7 @@ def _entries(path: Path) -> dict[tuple, dict]:
     return {(e["M"], e["K"], e["N"], e["dtype"]): e for e in json.loads(path.read_text())["entries"]}
 
 
-def test_rewrites_only_the_dispatch_records_of_the_rows_given(tmp_path):
+def test_rewrites_only_the_dispatch_records_of_the_rows_given(tmp_path, run):
     registry_file = _copy_registry(tmp_path, KERNEL)
     before_text = registry_file.read_text()
     before = _entries(registry_file)
@@ -49,12 +85,12 @@ def test_rewrites_only_the_dispatch_records_of_the_rows_given(tmp_path):
     csv = tmp_path / "bench.csv"
     rows.to_csv(csv, index=False)
 
-    run = _run(csv, tmp_path)
-    assert run.returncode == 0, run.stderr
-    assert "skipped (7, 7, 7, 'bfloat16'): no registry entry" in run.stdout
-    assert "skipped (262144, 2048, 512, 'bfloat16'): the fused kernel's check: FAILED" in run.stdout
-    assert "skipped (262144, 2048, 1024, 'bfloat16'): a missing time" in run.stdout
-    assert "2 record(s) written" in run.stdout
+    result = run(csv, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "skipped (7, 7, 7, 'bfloat16'): no registry entry" in result.stdout
+    assert "skipped (262144, 2048, 512, 'bfloat16'): the fused kernel's check: FAILED" in result.stdout
+    assert "skipped (262144, 2048, 1024, 'bfloat16'): a missing time" in result.stdout
+    assert "2 record(s) written" in result.stdout
 
     after = _entries(registry_file)
     assert after.keys() == before.keys()
@@ -69,11 +105,11 @@ def test_rewrites_only_the_dispatch_records_of_the_rows_given(tmp_path):
             assert entry == before[key], key
     # the same CSV again: the same file, byte for byte, but for the two records' sources
     assert registry_file.read_text() != before_text
-    _run(csv, tmp_path)
+    run(csv, tmp_path)
     assert _entries(registry_file) == after
 
 
-def test_a_kernel_without_liger_never_records_it(tmp_path):
+def test_a_kernel_without_liger_never_records_it(tmp_path, run):
     """The full-row ops cannot run Liger's norm: its column in their benchmark is a comparison,
     not a path, so a faster Liger pipeline leaves the compiled norm as the unfused path."""
     kernel = "matmul_rmsnorm"
@@ -83,32 +119,38 @@ def test_a_kernel_without_liger_never_records_it(tmp_path):
                          f"{kernel}_ms": [1.0], "cublas+inductor_norm_ms": [0.9], "cublas+liger_norm_ms": [0.5]})
     csv = tmp_path / "bench.csv"
     rows.to_csv(csv, index=False)
-    run = _run(csv, tmp_path, kernel)
-    assert run.returncode == 0, run.stderr
+    result = run(csv, tmp_path, kernel)
+    assert result.returncode == 0, result.stderr
     record = _entries(registry_file)[key]["dispatch"]
     assert (record["choice"], record["unfused"]) == ("unfused", "cublas+inductor_norm")
     assert "unfused_timed_ms" not in record
 
 
-def test_refuses_a_kernel_without_a_dispatcher_and_a_wrong_gpu(tmp_path):
+def test_refuses_a_kernel_without_a_dispatcher_and_a_wrong_gpu(tmp_path, run, run_script):
     csv = tmp_path / "bench.csv"
     pd.DataFrame({"M": [1], "K": [1], "N": [1], "dtype": ["bfloat16"], "matmul_ms": [1.0]}).to_csv(csv)
-    run = _run(csv, tmp_path, "matmul")
-    assert run.returncode != 0 and "no dispatcher" in run.stderr
-    run = _run(csv, tmp_path, "foo")
-    assert run.returncode != 0 and "unknown kernel 'foo'" in run.stderr and "Traceback" not in run.stderr
+    result = run(csv, tmp_path, "matmul")
+    assert result.returncode != 0 and "no dispatcher" in result.stderr
     _copy_registry(tmp_path, KERNEL)
     pd.DataFrame({"M": [262144], "K": [512], "N": [512], "dtype": ["bfloat16"], f"{KERNEL}_ms": [1.0],
                   "cublas+inductor_norm_ms": [1.0]}).to_csv(csv, index=False)
-    run = run_bench_script("dispatch_from_bench", "--kernel", KERNEL, "--csv", csv, "--registry", tmp_path)
-    assert run.returncode != 0 and f"GPU keys there: {GPU}" in run.stderr  # the CSV's folder is no GPU key
+    result = run_script("--kernel", KERNEL, "--csv", csv, "--registry", tmp_path)
+    assert result.returncode != 0 and f"GPU keys there: {GPU}" in result.stderr  # the CSV's folder is no GPU key
 
 
-def test_refuses_a_csv_of_another_kernel(tmp_path):
+def test_an_unknown_kernel_is_one_line_in_a_separate_process(tmp_path):
+    """As a user runs it: an unknown name exits non-zero with one line, no traceback."""
+    csv = tmp_path / "bench.csv"
+    pd.DataFrame({"M": [1], "K": [1], "N": [1], "dtype": ["bfloat16"], "matmul_ms": [1.0]}).to_csv(csv)
+    result = run_bench_script("dispatch_from_bench", "--kernel", "foo", "--csv", csv, "--registry", tmp_path)
+    assert result.returncode != 0 and "unknown kernel 'foo'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_refuses_a_csv_of_another_kernel(tmp_path, run):
     csv = tmp_path / "other.csv"
     pd.DataFrame({"M": [1], "K": [1], "N": [1], "dtype": ["bfloat16"], "cublas+inductor_norm_ms": [1.0]}).to_csv(csv)
-    run = _run(csv, tmp_path)
-    assert run.returncode != 0 and f"{KERNEL}_ms" in run.stderr
+    result = run(csv, tmp_path)
+    assert result.returncode != 0 and f"{KERNEL}_ms" in result.stderr
 
 
 def test_committed_split_n_records_are_those_of_the_committed_benchmark():

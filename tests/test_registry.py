@@ -333,3 +333,15 @@ def test_timestamp_reads_both_iso_forms_and_nothing_else():
     assert registry.timestamp("2026-12-02T12:23:00Z") == registry.timestamp("2026-12-02T12:23:00+00:00")
     assert registry.timestamp("2026-12-02T12:23:00+00:00").tzinfo is not None
     assert registry.timestamp(None) is None and registry.timestamp("") is None and registry.timestamp("soon") is None
+
+
+def test_result_meta_reads_the_json_beside_a_result_table(tmp_path):
+    """The benchmark's ``<stem>.json`` beside ``<stem>.csv``; {} where there is none or it holds
+    no object (the reports then say the date is unknown)."""
+    csv = tmp_path / "matmul_bench.csv"
+    assert registry.result_meta(csv) == {}
+    csv.with_suffix(".json").write_text(json.dumps({"kernel": "matmul", "date": "2026-12-02T12:23:00Z"}))
+    meta = registry.result_meta(csv)
+    assert meta["kernel"] == "matmul" and registry.timestamp(meta["date"]) is not None
+    csv.with_suffix(".json").write_text("[1, 2]")
+    assert registry.result_meta(csv) == {}

@@ -448,3 +448,35 @@ def test_a_seed_flattens_the_persistent_tile_loop(name):
     assert len(flattened) == 1
     code = bound.to_triton_code(flattened[0])
     assert "total_pids, _NUM_SM, flatten=True)" in code
+
+
+def test_a_key_starts_only_while_its_budget_and_the_overshoot_fit():
+    """``deadline``: a key starts only while ``budget_seconds + OVERSHOOT_SECONDS`` remain."""
+    import time
+
+    need = 45 + tuning.OVERSHOOT_SECONDS
+    assert tuning.TuneOptions(budget_seconds=45).too_late() is None
+    assert tuning.TuneOptions(budget_seconds=45, deadline=time.time() + need + 30).too_late() is None
+    late = tuning.TuneOptions(budget_seconds=45, deadline=time.time() + need - 30).too_late()
+    assert late.startswith(f"{need - 30 - 1} s left") or late.startswith(f"{need - 30} s left"), late
+    assert f"the 45 s budget + {tuning.OVERSHOOT_SECONDS} s" in late
+    assert tuning.TuneOptions(deadline=time.time() - 5).too_late().startswith("0 s left")
+
+
+def test_a_late_key_is_not_started_and_an_existing_one_still_skipped(monkeypatch, registry_dir):
+    """Past the deadline ``tune_problem`` returns "not started" before it builds inputs (on a
+    CPU-only machine: nothing here may touch CUDA); a key already in the registry is "skipped"."""
+    import time
+
+    from helion_kernels import registry
+
+    monkeypatch.setattr(registry, "gpu_key", lambda device=None: "test_gpu_sm90")
+    spec = get_spec("matmul")
+    registry.save_entry("matmul", "test_gpu_sm90", registry.Entry(
+        Shape(64, 64, 64), "bfloat16", helion.Config(block_sizes=[64, 64, 64])))
+    options = tuning.TuneOptions(budget_seconds=10, deadline=time.time() + 1)
+    cuda = torch.device("cuda")
+    late = tuning.tune_problem(spec, Shape(128, 64, 64), torch.bfloat16, options, cuda)
+    assert (late.status, late.seconds) == ("not started", 0.0) and "the same command tunes it" in late.message
+    kept = tuning.tune_problem(spec, Shape(64, 64, 64), torch.bfloat16, options, cuda)
+    assert kept.status == "skipped"

@@ -102,7 +102,8 @@ TILINGS = {
     "tma_128x256x64_w8_s3_pers": _gemm([128, 256, 64], 8, 3, "tensor_descriptor", 8,
                                         "persistent_interleaved"),
     # two programs per SM (96 KB of operand tiles each): one's statistics loop beside the other's
-    # MMAs (the rmsnorm_matmul seeds SEED_ROW_BLOCK_*_TWO_PER_SM)
+    # MMAs (the pointer one is the rmsnorm_matmul seed SEED_ROW_BLOCK_POINTER_128x128_TWO_PER_SM;
+    # results: bench/results/nvidia_h200_sm90/variants/pre_norm_variants_two_per_sm.md)
     "ptr_128x128x64_w8_s3": _gemm([128, 128, 64], 8, 3),
     "tma_128x128x64_w8_s3_pers_x2": _gemm([128, 128, 64], 8, 3, "tensor_descriptor", 8,
                                            "persistent_interleaved", per_sm=2),

@@ -98,8 +98,8 @@ def matmul_layernorm_split_n(
 
     The unfused path is cuBLAS + the compiled norm, or cuBLAS + Liger's norm where the
     registry recorded that pipeline at least 2% faster and liger-kernel is installed
-    (:mod:`helion_kernels.liger_norm`; on the H200 the rows with N >= 2048 but
-    2048x2048, where inductor's LayerNorm reads each row twice).
+    (:mod:`helion_kernels.liger_norm`; on the H200 LayerNorm at every row with N >= 2048,
+    where inductor's LayerNorm reads each row twice, and RMSNorm at K = 512, N = 2048 and 4096).
 
     Args, returns and errors: as :func:`~helion_kernels.matmul_layernorm`, without an N limit
     and without ``linear_bias`` and ``residual``. Gradients as there too, but nothing of the
