@@ -31,11 +31,12 @@ class Run:
 
 
 @pytest.fixture
-def run_script(capsys, monkeypatch):
+def run_script(capsys, monkeypatch, tmp_path):
     """``run_script(*argv)``: the script's ``main`` in this process -> Run(returncode, stdout,
-    stderr). ``main`` points the registry's environment variable at ``--registry``; monkeypatch
-    restores it afterwards."""
-    monkeypatch.delenv(registry.ENV_CONFIG_DIR, raising=False)
+    stderr). ``main`` points the registry's environment variable at ``--registry``: setting it
+    here first makes monkeypatch restore it (or remove it) afterwards; ``delenv`` of an unset
+    variable would record nothing, and ``main``'s value would leak into later tests."""
+    monkeypatch.setenv(registry.ENV_CONFIG_DIR, str(tmp_path))
 
     def run(*argv) -> Run:
         capsys.readouterr()
@@ -162,3 +163,4 @@ def test_committed_split_n_records_are_those_of_the_committed_benchmark():
         for row in decisions(pd.read_csv(csv), kernel).itertuples(index=False):
             record = committed[(row.M, row.K, row.N, row.dtype)]["dispatch"]
             assert {k: record[k] for k in row.record} == row.record, (kernel, row.K, row.N)
+
