@@ -78,9 +78,11 @@ def _parser() -> argparse.ArgumentParser:
         "missing ones; entries from this date on are kept, so a re-tune that was stopped resumes "
         "where it stopped"))
     tune.add_argument("--time-limit", type=_positive_int, metavar="SECONDS", help=(
-        "end the sweep within this many seconds (a batch job's limit): a shape starts only while its "
-        "budget + 50 s remain (the most a shape has run past its budget on an H200), the rest are "
-        "reported 'not started'; the same command later tunes them and skips the finished ones"))
+        "end the sweep within this many seconds of the command's start (a batch job's limit, less "
+        "Python's and torch's start-up): a shape starts only while its budget + 50 s remain (the most "
+        "a shape ran past its budget on an H200, at --effort quick), the rest are reported 'not "
+        "started' and the command exits 3; the same command later tunes them and skips the finished "
+        "ones. A limit below budget + 50 s is refused"))
     tune.add_argument("--seed", type=int, default=0, help="random seed of inputs and search")
     tune.add_argument("--gpus", default="1", type=_gpus_value, help=(
         "tune on this many GPUs at once (a count, or 'all'): one worker process per GPU takes the "
@@ -137,12 +139,13 @@ def _problems(args: argparse.Namespace) -> list:
 
 
 def _cmd_autotune(args: argparse.Namespace) -> int:
+    started = time.time()  # --time-limit counts from here, before Helion's import
     problems = _problems(args)
     if not torch.cuda.is_available():
         print("helion-kernels autotune: autotuning times kernels on a CUDA GPU and none was found.",
               file=sys.stderr)
         return 2
-    from .tuning import TuneOptions, tune
+    from .tuning import OVERSHOOT_SECONDS, TuneOptions, tune
 
     from .parallel import parse_gpus
 
@@ -151,18 +154,22 @@ def _cmd_autotune(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"helion-kernels autotune: {err}", file=sys.stderr)
         return 2
+    if args.time_limit is not None and args.time_limit < args.budget_seconds + OVERSHOOT_SECONDS:
+        print(f"helion-kernels autotune: --time-limit {args.time_limit} s leaves no time for one shape: "
+              f"a shape can take its {args.budget_seconds} s budget + {OVERSHOOT_SECONDS} s", file=sys.stderr)
+        return 2
     spec = get_spec(args.kernel)
     if (_CHECKOUT / "autotune_cache").is_dir():  # a source checkout keeps Helion's cache there
         os.environ.setdefault("HELION_CACHE_DIR", str(_CHECKOUT / "autotune_cache"))
     options = TuneOptions(effort=args.effort, budget_seconds=args.budget_seconds, force=args.force, seed=args.seed,
                           compiler_seeds=args.compiler_seeds, retune_before=args.retune_before,
-                          deadline=None if args.time_limit is None else time.time() + args.time_limit)
+                          deadline=None if args.time_limit is None else started + args.time_limit)
     results = tune(spec, problems, DTYPES[args.dtype], options, torch.device("cuda"), gpus)
     counts = {s: sum(r.status == s for r in results) for s in ("tuned", "skipped", "not started", "failed")}
     path = registry.registry_path(spec.name, registry.gpu_key("cuda"))
     late = f", {counts['not started']} not started (--time-limit; run the command again)" if counts["not started"] else ""
     print(f"{counts['tuned']} tuned, {counts['skipped']} skipped{late}, {counts['failed']} failed; registry: {path}")
-    return 1 if counts["failed"] else 0
+    return 1 if counts["failed"] else 3 if counts["not started"] else 0
 
 
 def _stem(args: argparse.Namespace, kernel: str) -> str:

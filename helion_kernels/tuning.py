@@ -510,7 +510,8 @@ def tune(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype, options:
     key is in the registry as soon as it is done, so an interrupted sweep loses at most the
     keys in progress. With two or more ``gpus`` (``CUDA_VISIBLE_DEVICES`` entries) the keys
     are spread over one worker process per GPU (:func:`~.parallel.run_parallel`); else they
-    run here, on ``device``.
+    run here, on ``device``. Past ``options.deadline`` (:meth:`TuneOptions.too_late`) a key is
+    not started: its result says "not started", and a later sweep tunes it.
     """
     picked = tuning_problems(spec, problems)
     order = sorted(picked, key=lambda key: -spec.flops(picked[key]))

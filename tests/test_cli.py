@@ -249,8 +249,9 @@ def test_committed_rows_whose_decision_changed_since_are_named(registry_dir):
 
 
 def test_time_limit_becomes_the_sweeps_deadline_and_is_reported(capsys, monkeypatch, registry_dir):
-    """``--time-limit S``: the sweep's options carry ``deadline`` = now + S, and the summary
-    counts the keys the limit left for a rerun (the sweep itself is faked: no GPU here)."""
+    """``--time-limit S``: the sweep's options carry ``deadline`` = the command's start + S; the
+    summary counts the keys the limit left for a rerun and the command exits 3; a limit that
+    cannot hold one shape is refused (the sweep itself is faked: no GPU here)."""
     import time
 
     import torch
@@ -268,17 +269,25 @@ def test_time_limit_becomes_the_sweeps_deadline_and_is_reported(capsys, monkeypa
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(tuning, "tune", fake_tune)
     monkeypatch.setattr(registry, "gpu_key", lambda device=None: "test_gpu_sm90")
+    # the CLI sets Helion's cache folder in a checkout (setdefault): set here, it is restored after
+    monkeypatch.setenv("HELION_CACHE_DIR", str(registry_dir / "helion_cache"))
     t0 = time.time()
-    assert main(["autotune", "--kernel", "matmul", "--shape", "64,64,64", "--time-limit", "600"]) == 0
+    assert main(["autotune", "--kernel", "matmul", "--shape", "64,64,64", "--time-limit", "600"]) == 3
     assert t0 + 600 <= seen["options"].deadline <= time.time() + 600
     assert "1 tuned, 0 skipped, 1 not started (--time-limit; run the command again), 0 failed" in capsys.readouterr().out
+    seen.clear()
+    need = 60 + tuning.OVERSHOOT_SECONDS  # the default budget's
+    assert main(["autotune", "--kernel", "matmul", "--shape", "64,64,64", "--time-limit", str(need - 1)]) == 2
+    assert not seen and f"--time-limit {need - 1} s leaves no time for one shape" in capsys.readouterr().err
+    assert main(["autotune", "--kernel", "matmul", "--shape", "64,64,64", "--time-limit", str(need)]) == 3
     main(["autotune", "--kernel", "matmul", "--shape", "64,64,64"])
     assert seen["options"].deadline is None
 
 
-def test_time_limit_help_states_the_overshoot(capsys):
+def test_time_limit_help_and_readme_state_the_overshoot(capsys):
     from helion_kernels import tuning
 
     with pytest.raises(SystemExit):
         main(["autotune", "--help"])
     assert f"budget + {tuning.OVERSHOOT_SECONDS} s" in " ".join(capsys.readouterr().out.split())
+    assert f"budget + {tuning.OVERSHOOT_SECONDS} s" in " ".join((REPO / "README.md").read_text().split())
