@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = int(repeats) if pd.notna(repeats) else 1
     when = registry.result_meta(args.csv).get("date", "")
     source = f"{_shown(args.csv)} (CUDA-graph medians of {repeats} repeat(s){', ' + when if when else ''})"
+    measured_at = registry.timestamp(when)
 
     recorded = 0
     for row in table.itertuples(index=False):
@@ -113,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         old = entry.meta.get("dispatch", {})
         record = {**row.record, "source": source}
-        tuned, measured = entry.meta.get("tuned_at", ""), when
-        tuned_at, measured_at = registry.timestamp(tuned), registry.timestamp(measured)
+        tuned = entry.meta.get("tuned_at", "")
+        tuned_at = registry.timestamp(tuned)
         if tuned_at and measured_at and tuned_at > measured_at:
-            print(f"warning: {key}: the entry was tuned ({tuned}) after this benchmark ran ({measured}); "
+            print(f"warning: {key}: the entry was tuned ({tuned}) after this benchmark ran ({when}); "
                   "its times are of the previous config", file=sys.stderr)
         registry.save_entry(args.kernel, gpu, dataclasses.replace(entry, meta={**entry.meta, "dispatch": record}))
         recorded += 1

@@ -205,21 +205,20 @@ def _committed_summary(df, path: Path, spec) -> str:
     return out.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 
-def _retuned_since(df, path: Path, spec, gpu: str):
-    """Per row of a committed result table: whether the registry entry at exactly its shape
-    was tuned after the benchmark ran (the file's JSON ``date``), so the committed times are
-    not the config a call runs there; with the date. None where the file does not say (no
-    date, no M/K/N/dtype columns). The registry is the merged one (a user's own re-tune counts)."""
-
-    info = registry.result_meta(path)
-    date = registry.timestamp(info.get("date"))
+def _retuned_since(df, measured, spec, gpu: str) -> list[bool] | None:
+    """Per row of a committed result table measured at ``measured`` (the ``date`` of the
+    file's JSON, :func:`registry.result_meta`): whether the registry entry at exactly its shape
+    was tuned after the benchmark ran, so the committed times are not the config a call runs
+    there. None where that is not known (no date, no M/K/N/dtype columns). The registry is the
+    merged one (a user's own re-tune counts)."""
+    date = registry.timestamp(measured)
     if date is None or not {"M", "K", "N", "dtype"} <= set(df.columns):
         return None
     newer = []
     for entry in _exact_entries(df, spec, gpu):
         tuned = registry.timestamp(entry.meta.get("tuned_at")) if entry is not None else None
         newer.append(tuned is not None and tuned > date)
-    return newer, info["date"]
+    return newer
 
 
 def _exact_entries(df, spec, gpu: str) -> list:
@@ -299,11 +298,11 @@ def _print_committed(args: argparse.Namespace, spec) -> None:
                     "The registry's decision has changed since this benchmark at: " + "; ".join(changed)
                     + " (the registry was updated after this run: a re-tune, or a decision re-derived from "
                     "these medians by bench/dispatch_from_bench.py).", WIDTH))
-            retuned = _retuned_since(df, path, spec, gpu)
-            if retuned is not None and any(retuned[0]):
-                rows = [label for label, newer in zip(row_labels(df), retuned[0]) if newer]
+            retuned = _retuned_since(df, date, spec, gpu)
+            if retuned is not None and any(retuned):
+                rows = [label for label, newer in zip(row_labels(df), retuned) if newer]
                 print("\n" + textwrap.fill(
-                    f"Re-tuned since this benchmark ({retuned[1][:10]}): {', '.join(rows)}. The registry's "
+                    f"Re-tuned since this benchmark ({date[:10]}): {', '.join(rows)}. The registry's "
                     "config and fused/unfused decision there are newer than these times (see the tuning "
                     f"report, bench/results/{gpu}/tuning_report.md); a benchmark on a GPU measures them.", WIDTH))
     if not shown:
@@ -325,9 +324,9 @@ def _cpu_bench(args: argparse.Namespace, spec, problems: list) -> int:
     print(shown.to_string(index=False, na_rep="-"))
     print("\n" + CPU_LEGEND)
     if "runs" in report.columns:
-        import importlib.util
+        from . import liger_norm
 
-        here = ("" if importlib.util.find_spec("liger_kernel") is not None and torch.cuda.is_available()
+        here = ("" if torch.cuda.is_available() and liger_norm.available(torch.device("cuda"), 1)
                 else " Liger's norm cannot run on this machine (no CUDA GPU or no liger-kernel): here the "
                      "compiled norm would run instead.")
         print(textwrap.fill("runs = what the op runs at that row: the fused kernel, or its unfused pipeline "
