@@ -44,13 +44,14 @@ HEADLINES = [
     Headline(
         "Deferred pre-norm (`rmsnorm_matmul`)",
         ("rmsnorm_matmul_prenorm_rmsnorm_M_65536", "rmsnorm_matmul_prenorm_rmsnorm_M_131072",
+         "rmsnorm_matmul_prenorm_rmsnorm_M_524288",
          # five of those rows again after their `matmul` re-tune (2026-12-02): the newer rows count
          "rmsnorm_matmul_prenorm_rmsnorm_M_65536_and_K_256_and_N_256_or_M_65536_and_K_512_28fbf661"),
         "as dispatched (fused or cuBLAS + inductor norm, per the registry), {dispatched}x the speed of the best "
         "unfused pipeline; the fused kernel: {speedup}x the speed of cuBLAS + the best standalone norm "
         "(inductor or Liger), {saved}% of the inductor norm's time saved against cuBLAS + inductor, "
         "{vs_cublas}x cuBLAS's plain GEMM time; the plain Helion GEMM at {gemm}x cuBLAS (medians of repeated "
-        "runs; {rows} rows, M = 65536 and 131072)",
+        "runs; {rows} rows, M = 65536, 131072 and 524288)",
         {"dispatched": "dispatched_speedup_vs_best_unfused", "speedup": "speedup_vs_best_unfused",
          "saved": "saved_vs_cublas_inductor_pct", "vs_cublas": "vs_cublas_mm", "gemm": "helion_gemm_vs_cublas"}),
     Headline(

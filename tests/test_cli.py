@@ -63,7 +63,7 @@ def test_bench_without_gpu_on_the_committed_registry(capsys):
         assert "FAILED" not in out
     rc = main(["bench", "--kernel", "rmsnorm_matmul", "--workload", "prenorm_rmsnorm", "--where", "M == 524288 and K == 256"])
     out = capsys.readouterr().out
-    assert rc == 0 and "Committed results measured on nvidia_h200_sm90" in out and "rmsnorm_matmul_prenorm_rmsnorm_M_65536.md" in out
+    assert rc == 0 and "Committed results measured on nvidia_h200_sm90" in out and "rmsnorm_matmul_prenorm_rmsnorm_M_524288.md" in out
 
 
 @pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
