@@ -31,6 +31,11 @@ _POLL_SECONDS = 0.5
 STATUS_STYLES = {"tuned": "green", "skipped": "dim", "not started": "yellow", "failed": "red"}
 
 
+def result_line(result) -> str:
+    """One finished key as a sweep prints it (rich markup): status, key, message."""
+    return f"[{STATUS_STYLES[result.status]}]{result.status:11}[/] {result.key}  {result.message}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Item:
     """One unit of a sweep: its registry ``key``, a ``label`` for the display, and the
@@ -126,8 +131,7 @@ def run_parallel(title: str, items: list[Item], job: Callable, failed: Callable,
             if index in done:  # a crash already counted it
                 return
             done[index] = result
-            style = STATUS_STYLES[result.status]
-            progress.console.print(f"[{style}]{result.status:11}[/] {result.key}  {result.message}")
+            progress.console.print(result_line(result))
             progress.advance(task)
 
         def describe() -> None:

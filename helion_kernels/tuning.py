@@ -35,7 +35,7 @@ import helion
 import torch
 
 from . import registry
-from .parallel import STATUS_STYLES, error_text
+from .parallel import error_text, result_line
 from .spec import KernelSpec, Problem
 from .timing import time_ms
 from .verify import check_outputs, verify_config
@@ -560,7 +560,6 @@ def sweep(title: str, items: list[tuple[object, str]], tune_one) -> list[TuneRes
                 progress.console.print(traceback.format_exc(), markup=False, highlight=False)
                 result = TuneResult(key, "failed", time.perf_counter() - t0, error_text(err))
             results.append(result)
-            style = STATUS_STYLES[result.status]
-            progress.console.print(f"[{style}]{result.status:11}[/] {result.key}  {result.message}")
+            progress.console.print(result_line(result))
             progress.advance(task)
     return results
