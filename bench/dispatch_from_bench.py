@@ -12,9 +12,13 @@ has a row for, keeping the entry's config and every other entry of the file.
         --csv bench/results/nvidia_h200_sm90/matmul_layernorm_split_n_postnorm_split_n.csv
 
 It writes the checkout's committed registry (``configs/``) unless ``--registry`` names another
-root. Rows without an entry, rows whose fused kernel failed its check and rows with a missing
-time are reported and skipped; it exits 1 if no row was recorded. Re-tuning an entry records a
-new decision from tuning's own timing; run this again after re-running the benchmark.
+root. Rows without an entry, rows whose fused kernel failed its check, rows with a missing
+time and rows whose entry was tuned after the benchmark ran (it timed the previous config) are
+reported and skipped; it exits 1 if no row was recorded. Re-tuning an entry records a new
+decision from tuning's own timing; run this again after re-running the benchmark. Given several
+benchmark files of one kernel, run it on them oldest first, so that each row ends with the
+newest measurement's decision (``tests/test_dispatch_from_bench.py`` checks the committed
+registry for that).
 """
 
 from __future__ import annotations
@@ -112,13 +116,14 @@ def main(argv: list[str] | None = None) -> int:
         if entry is None or row.record is None:
             print(f"skipped {key}: {row.skipped or 'no registry entry'}")
             continue
-        old = entry.meta.get("dispatch", {})
-        record = {**row.record, "source": source}
         tuned = entry.meta.get("tuned_at", "")
         tuned_at = registry.timestamp(tuned)
         if tuned_at and measured_at and tuned_at > measured_at:
-            print(f"warning: {key}: the entry was tuned ({tuned}) after this benchmark ran ({when}); "
-                  "its times are of the previous config", file=sys.stderr)
+            print(f"skipped {key}: the entry was tuned ({tuned}) after this benchmark ran ({when}), which "
+                  "timed the previous config; the entry keeps its tuning's decision (re-run the benchmark)")
+            continue
+        old = entry.meta.get("dispatch", {})
+        record = {**row.record, "source": source}
         registry.save_entry(args.kernel, gpu, dataclasses.replace(entry, meta={**entry.meta, "dispatch": record}))
         recorded += 1
         before = registry.dispatch_text(old) if old else "-"

@@ -110,6 +110,34 @@ def test_rewrites_only_the_dispatch_records_of_the_rows_given(tmp_path, run):
     assert _entries(registry_file) == after
 
 
+def test_skips_rows_whose_entry_was_tuned_after_the_benchmark(tmp_path, run):
+    """A benchmark that ran before the entry was tuned timed the previous config: the entry
+    keeps its tuning's decision, and rows measured after their entry are still recorded."""
+    registry_file = _copy_registry(tmp_path, KERNEL)
+    before = _entries(registry_file)
+    late, early = (262144, 512, 512, "bfloat16"), (262144, 1024, 1024, "bfloat16")
+    entries = json.loads(registry_file.read_text())
+    for e in entries["entries"]:
+        if (e["M"], e["K"], e["N"], e["dtype"]) == late:
+            e["tuned_at"] = "2026-12-02T12:00:00+00:00"
+        elif (e["M"], e["K"], e["N"], e["dtype"]) == early:
+            e["tuned_at"] = "2026-12-01T12:00:00+00:00"
+    registry_file.write_text(json.dumps(entries))
+    csv = tmp_path / "bench.csv"
+    pd.DataFrame({"M": [late[0], early[0]], "K": [late[1], early[1]], "N": [late[2], early[2]],
+                  "dtype": ["bfloat16"] * 2, "check": ["ok"] * 2, f"{KERNEL}_ms": [0.5, 0.5],
+                  "cublas+inductor_norm_ms": [1.0, 1.0]}).to_csv(csv, index=False)
+    csv.with_suffix(".json").write_text(json.dumps({"date": "2026-12-02T06:00:00+00:00"}))
+
+    result = run(csv, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"skipped {late}: the entry was tuned (2026-12-02T12:00:00+00:00) after this benchmark ran" in result.stdout
+    assert "1 record(s) written" in result.stdout
+    after = _entries(registry_file)
+    assert after[late].get("dispatch") == before[late].get("dispatch")
+    assert after[early]["dispatch"]["choice"] == "fused" and after[early]["dispatch"]["fused_ms"] == 0.5
+
+
 def test_a_kernel_without_liger_never_records_it(tmp_path, run):
     """The full-row ops cannot run Liger's norm: its column in their benchmark is a comparison,
     not a path, so a faster Liger pipeline leaves the compiled norm as the unfused path."""
@@ -154,21 +182,44 @@ def test_refuses_a_csv_of_another_kernel(tmp_path, run):
     assert result.returncode != 0 and f"{KERNEL}_ms" in result.stderr
 
 
-def test_committed_split_n_records_are_those_of_the_committed_benchmark():
-    """The committed registry's split-N decisions are the rule applied to the newest committed
-    benchmark of each row: the whole table's file, or a ``--where`` file re-run after it
-    (re-derive with the script after re-running a benchmark)."""
-    for kernel in (KERNEL, "matmul_rmsnorm_split_n"):
-        committed = _entries(REPO / "configs" / GPU / f"{kernel}.json")
-        newest = {}  # (M, K, N, dtype) -> (date, expected record)
-        for csv in sorted((REPO / "bench" / "results" / GPU).glob(f"{kernel}_postnorm_split_n*.csv")):
-            date = registry.timestamp(registry.result_meta(csv).get("date"))
-            assert date is not None, csv  # every benchmark file has its .json with a date
-            for row in decisions(pd.read_csv(csv), kernel).itertuples(index=False):
-                key = (row.M, row.K, row.N, row.dtype)
-                if key not in newest or date > newest[key][0]:
-                    newest[key] = (date, row.record)
-        assert len(newest) == 10, kernel  # the whole split-N table
-        for key, (_, expected) in newest.items():
-            record = committed[key]["dispatch"]
-            assert {k: record[k] for k in expected} == expected, (kernel, key)
+# Each dispatching op whose benchmark times what its dispatcher compares: the workload its
+# benchmark files are named after, and how many registry rows have a benchmark newer than their
+# entry (the whole table but for entries re-tuned after their row was last measured).
+BENCHMARKED = {
+    "matmul_layernorm_split_n": ("postnorm_split_n", 10),
+    "matmul_rmsnorm_split_n": ("postnorm_split_n", 10),
+    "matmul_layernorm": ("postnorm_fullrow", 16),
+    "matmul_rmsnorm": ("postnorm_fullrow", 16),
+    "rmsnorm_matmul": ("prenorm_rmsnorm", 30),
+    "rmsnorm_matmul_given_rstd": ("prenorm_rmsnorm", 3),
+}
+
+
+@pytest.mark.parametrize("kernel", sorted(BENCHMARKED))
+def test_committed_records_are_those_of_the_newest_benchmark(kernel):
+    """The committed registry's decisions are the rule applied to the newest committed benchmark
+    of each row (the whole table's file, or a ``--where`` file re-run after it), wherever that
+    benchmark ran after the entry was tuned; an entry re-tuned since keeps its tuning's decision.
+    After re-running a benchmark, re-derive with the script (oldest file first)."""
+    workload, expected_rows = BENCHMARKED[kernel]
+    committed = _entries(REPO / "configs" / GPU / f"{kernel}.json")
+    newest = {}  # (M, K, N, dtype) -> (date, expected record, file)
+    files = sorted((REPO / "bench" / "results" / GPU).glob(f"{kernel}_{workload}*.csv"))
+    assert files, kernel
+    for csv in files:
+        date = registry.timestamp(registry.result_meta(csv).get("date"))
+        assert date is not None, csv  # every benchmark file has its .json with a date
+        for row in decisions(pd.read_csv(csv), kernel).itertuples(index=False):
+            key = (row.M, row.K, row.N, row.dtype)
+            if row.record is not None and (key not in newest or date > newest[key][0]):
+                newest[key] = (date, row.record, csv.name)
+    checked = 0
+    for key, (date, expected, name) in newest.items():
+        entry = committed.get(key)
+        tuned_at = registry.timestamp(entry.get("tuned_at")) if entry else None
+        if entry is None or (tuned_at is not None and tuned_at > date):
+            continue
+        record = entry["dispatch"]
+        assert {k: record.get(k) for k in expected} == expected, (kernel, key, name)
+        checked += 1
+    assert checked == expected_rows, kernel
