@@ -382,7 +382,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
     print("workloads:")
     for kind in workloads.KINDS:
         for name in workloads.list_workloads(kind):
-            print(f"  {name:26} {len(workloads.load_workload(name, kind=kind))} rows ({kind})")
+            try:  # one bad table of the user's is reported, and the listing goes on
+                print(f"  {name:26} {len(workloads.load_workload(name, kind=kind))} rows ({kind})")
+            except ValueError as err:
+                print(f"  {name:26} unusable ({kind}): {err}")
     print(f"registry (user: {registry.user_dir()}; shipped: {registry.shipped_dir()}):")
     for gpu in registry.known_gpus():
         for name in CATALOG:

@@ -37,6 +37,19 @@ from torch import nn
 from .ops import flash_norm_attention, matmul_layernorm, matmul_rmsnorm, rmsnorm_matmul
 
 
+def _check_x(module: nn.Module, x) -> None:
+    """A module's input is a tensor of at least one dimension (features last).
+
+    Raises:
+        TypeError: not a tensor. ValueError: a 0-d tensor.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{type(module).__name__}: x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() == 0:
+        raise ValueError(f"{type(module).__name__}: x must have at least one dimension (the features, last), "
+                         "got a 0-d tensor")
+
+
 def _compute_dtypes(x: torch.Tensor, norm: nn.Module, norm_input: str,
                     residual: torch.Tensor | None = None) -> tuple[torch.dtype, torch.dtype]:
     """(dtype of the GEMM, dtype the pair's norm computes in and returns). Under autocast on
@@ -139,8 +152,10 @@ class RMSNormLinear(_NormLinearPair):
         epilogue (``rmsnorm_matmul(..., rstd=)``), and the norm's gradient flows through it.
 
         Raises:
-            ValueError: ``rstd`` not of x's leading shape; the op's own errors otherwise.
+            TypeError: ``x`` not a tensor.
+            ValueError: ``x`` 0-d, or ``rstd`` not of x's leading shape; the op's own errors otherwise.
         """
+        _check_x(self, x)
         gemm_dtype, norm_dtype = _compute_dtypes(x, self.norm, "x")
         lead, k = x.shape[:-1], x.shape[-1]
         if rstd is not None:
@@ -186,6 +201,7 @@ class _LinearNorm(_NormLinearPair):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """``norm(linear(x) + residual)`` (a post-LN block); ``residual`` [..., N] or None.
         The Linear bias and the residual are added inside the kernel, before the statistics."""
+        _check_x(self, x)
         gemm_dtype, norm_dtype = _compute_dtypes(x, self.norm, "gemm", residual)
         lead, k = x.shape[:-1], x.shape[-1]
         n = self.linear.out_features

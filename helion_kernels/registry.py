@@ -64,6 +64,11 @@ KEY_TYPES = (Shape, AttentionShape)
 FORMAT_VERSION = 1
 ENV_CONFIG_DIR = "HELION_KERNELS_CONFIG_DIR"
 WORKLOAD_FOLDERS = ("workloads", "attention_workloads")
+DTYPE_NAMES = ("bfloat16", "float16", "float32")  # the dtypes an entry can be tuned at
+# Config fields whose values this module can check without Helion: a list of positive ints, or
+# a positive int (Helion checks the rest when it binds the config).
+_POSITIVE_INT_LISTS = ("block_sizes",)
+_POSITIVE_INTS = ("num_warps", "num_stages")
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -149,6 +154,18 @@ class Entry:
             raise ValueError(f"entry {shape}: {', '.join(key_type._fields)} must be positive")
         if not isinstance(obj["config"], dict):
             raise ValueError(f"entry {shape}: config must be a JSON object")
+        if obj["dtype"] not in DTYPE_NAMES:
+            raise ValueError(f"entry {shape}: dtype {obj['dtype']!r} is not one of {', '.join(DTYPE_NAMES)}")
+        for name, value in obj["config"].items():
+            if name in _POSITIVE_INT_LISTS:
+                ok = isinstance(value, list) and all(type(v) is int and v > 0 for v in value)
+            elif name in _POSITIVE_INTS:
+                ok = type(value) is int and value > 0
+            else:
+                continue
+            if not ok:
+                raise ValueError(f"entry {shape}: config field {name!r} = {value!r} is not "
+                                 f"{'a list of positive integers' if name in _POSITIVE_INT_LISTS else 'a positive integer'}")
         return cls(shape=shape, dtype=str(obj["dtype"]), config=obj["config"], meta=meta)
 
 
@@ -199,9 +216,16 @@ def shipped_dir() -> Path:
 
 def user_dir() -> Path:
     """The user registry: ``$HELION_KERNELS_CONFIG_DIR``, else ``~/.cache/helion-kernels/configs``
-    (under ``$XDG_CACHE_HOME`` when set)."""
+    (under ``$XDG_CACHE_HOME`` when set).
+
+    Raises:
+        RegistryError: ``$HELION_KERNELS_CONFIG_DIR`` names something that is not a folder.
+    """
     env = os.environ.get(ENV_CONFIG_DIR)
     if env:
+        if Path(env).exists() and not Path(env).is_dir():
+            raise RegistryError(f"${ENV_CONFIG_DIR} = {env} is not a folder; point it at a folder "
+                                "(it is created on the first save) or unset it")
         return Path(env)
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(cache) / "helion-kernels" / "configs"
@@ -243,11 +267,18 @@ def _load(path: Path) -> tuple[dict, dict[tuple, Entry]]:
         raw = path.read_bytes()
     except FileNotFoundError:
         return {}, {}
+    except OSError as err:  # a folder where the file should be, no permission, ...
+        raise RegistryError(f"registry file {path} cannot be read ({type(err).__name__}: {err})") from err
     try:
         doc = json.loads(raw.decode("utf-8"))
         if doc.get("format") != FORMAT_VERSION:
             raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT_VERSION}")
+        if doc.get("kernel", path.stem) != path.stem:
+            raise ValueError(f"the file holds {doc['kernel']!r}'s entries, its name says {path.stem!r}")
         entries = [Entry.from_json(obj) for obj in doc["entries"]]
+        keys = [e.key for e in entries]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"key {next(k for k in keys if keys.count(k) > 1)} appears more than once")
     except (ValueError, KeyError, TypeError, AttributeError) as err:  # UnicodeDecodeError too
         raise RegistryError(
             f"registry file {path} is corrupt or incomplete ({type(err).__name__}: {err}). "
@@ -340,6 +371,8 @@ def _update(kernel: str, gpu: str, change, gpu_name: str | None) -> Path:
         }
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
+            # mkstemp's file is the owner's only: keep the replaced file's mode, else rw-r--r--
+            os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
             with os.fdopen(fd, "w") as f:
                 json.dump(doc, f, indent=1)
                 f.write("\n")

@@ -65,8 +65,8 @@ def load_workload(name: str, where: str | None = None, kind: str = "gemm") -> pd
     """The rows of workload ``name``, optionally filtered by a pandas query (``"M == 65536"``).
 
     Raises:
-        ValueError: unknown workload, missing columns, a count or size that is not a
-            positive integer (``seed`` may be 0, ``fill`` must lie in (0, 1]), or a bad query.
+        ValueError: unknown workload, a file that is not a CSV table or has no rows, missing
+            columns, a count or size that is not a positive integer (``seed`` may be 0, ``fill`` must lie in (0, 1]), or a bad query.
     """
     path = _path(name, kind)
     columns = KINDS[kind][1]
@@ -77,11 +77,17 @@ def load_workload(name: str, where: str | None = None, kind: str = "gemm") -> pd
         raise ValueError(
             f"unknown {kind} workload {name!r}; known: {', '.join(list_workloads(kind)) or 'none'}{hint}"
         )
-    df = pd.read_csv(path, comment="#", skipinitialspace=True)
+    try:
+        df = pd.read_csv(path, comment="#", skipinitialspace=True)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not a CSV table ({err})") from err
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: missing column(s) {missing}; expected {list(columns)}")
+    if df.empty:
+        raise ValueError(f"{path}: no rows")
     ints = [c for c in columns if c != "fill"]
+    df[list(columns)] = df[list(columns)].apply(pd.to_numeric, errors="coerce")  # text -> NaN, refused below
     if df[list(columns)].isna().any().any() or not (df[ints] == df[ints].round()).all().all():
         raise ValueError(f"{path}: {', '.join(ints)} must be positive integers in every row")
     sizes = [c for c in ints if c != "seed"]

@@ -34,6 +34,14 @@ def test_list(capsys, workload_registry):
     assert re.search(r"some_gpu_sm90 +rmsnorm_matmul +1 entries", out)
 
 
+def test_list_reports_a_bad_table_and_goes_on(capsys, workload_registry):
+    (workload_registry / "workloads" / "bad.csv").write_text("M,K,N\n64,100,abc\n")
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"bad +unusable \(gemm\): .*bad.csv: M, K, N must be positive integers", out)
+    assert re.search(r"prenorm_rmsnorm +30 rows \(gemm\)", out)
+
+
 @pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
 def test_bench_without_gpu_checks_configs(capsys, workload_registry):
     cfg = helion.Config(block_sizes=[64, 128, 128, 64], num_warps=8, num_stages=3)

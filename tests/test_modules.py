@@ -184,6 +184,17 @@ def test_from_modules_refuses_a_mismatched_pair():
         LinearRMSNorm.from_modules(nn.RMSNorm(4), nn.Identity())
 
 
+@pytest.mark.parametrize("module", [RMSNormLinear(8, 4), LinearLayerNorm(8, 4), LinearRMSNorm(8, 4)],
+                         ids=["RMSNormLinear", "LinearLayerNorm", "LinearRMSNorm"])
+def test_refuses_a_0d_input_and_a_non_tensor(module):
+    """Checked before the input is reshaped, so the message names the module, not an IndexError."""
+    name = type(module).__name__
+    with pytest.raises(ValueError, match=f"{name}: x must have at least one dimension"):
+        module(torch.tensor(1.0))
+    with pytest.raises(TypeError, match=f"{name}: x must be a torch.Tensor, got list"):
+        module([1.0] * 8)
+
+
 @ON_DEVICE
 def test_shares_the_pairs_parameters():
     norm, linear = nn.RMSNorm(8), nn.Linear(8, 4)

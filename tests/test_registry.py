@@ -4,6 +4,7 @@ lookup rules (exact / nearest / same architecture / default)."""
 from __future__ import annotations
 
 import json
+import re
 
 import helion
 import pytest
@@ -244,6 +245,49 @@ def test_more_corrupt_files(registry_dir, content):
     path.write_bytes(content)
     with pytest.raises(RegistryError, match=f"registry file {path} is corrupt"):
         registry.entries_for("k", "g")
+
+
+_ENTRY = '{"M": 1, "K": 2, "N": 3, "dtype": "bfloat16", "config": {"block_sizes": [16]}}'
+
+
+@pytest.mark.parametrize("content,reason", [
+    ('{"format": 1, "kernel": "other", "entries": []}', "holds 'other'"),
+    ('{"format": 1, "entries": [%s, %s]}' % (_ENTRY, _ENTRY), "appears more than once"),
+    ('{"format": 1, "entries": [%s]}' % _ENTRY.replace("bfloat16", "float128"), "dtype 'float128'"),
+    ('{"format": 1, "entries": [%s]}' % _ENTRY.replace("[16]", '"x"'), "'block_sizes'"),
+    ('{"format": 1, "entries": [%s]}' % _ENTRY.replace("[16]", '[16], "num_warps": -3'), "'num_warps'"),
+    ('{"format": 1, "entries": [%s]}' % _ENTRY.replace("[16]", '[16], "num_stages": 2.5'), "'num_stages'"),
+], ids=["other_kernel", "duplicate_key", "unknown_dtype", "block_sizes_text", "negative_warps", "fractional_stages"])
+def test_entries_that_only_look_valid_are_corrupt(registry_dir, content, reason):
+    """What Helion would only refuse at the first call is refused when the file is read, and a
+    save into such a file leaves it as it was."""
+    path = registry_dir / "g" / "k.json"
+    path.parent.mkdir()
+    path.write_text(content)
+    with pytest.raises(RegistryError, match=f"registry file {path} is corrupt.*{re.escape(reason)}"):
+        registry.entries_for("k", "g")
+    with pytest.raises(RegistryError):
+        registry.save_entry("k", "g", _entry(7, 8, 9))
+    assert path.read_text() == content
+
+
+def test_a_registry_path_that_is_a_folder_or_a_config_dir_that_is_a_file(registry_dir, monkeypatch, tmp_path):
+    (registry_dir / "g" / "k.json").mkdir(parents=True)
+    with pytest.raises(RegistryError, match="cannot be read"):
+        registry.entries_for("k", "g")
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv(registry.ENV_CONFIG_DIR, str(not_a_folder))
+    with pytest.raises(RegistryError, match=f"{registry.ENV_CONFIG_DIR} = {not_a_folder} is not a folder"):
+        registry.known_gpus()
+
+
+def test_saved_files_are_readable_by_others_and_keep_their_mode(registry_dir):
+    path = registry.save_entry("k", "g", _entry(1, 2, 3))
+    assert path.stat().st_mode & 0o777 == 0o644
+    path.chmod(0o600)
+    registry.save_entry("k", "g", _entry(4, 5, 6))
+    assert path.stat().st_mode & 0o777 == 0o600
 
 
 def test_attention_entries_round_trip_and_resolve(registry_dir):

@@ -27,10 +27,11 @@ def test_bad_where(where, message):
 
 
 @pytest.mark.parametrize("text,bad", [("M,K,N\n1,2\n", "positive"), ("M,K\n1,2\n", "missing column"),
-                                      ("M,K,N\n1,0,3\n", "positive")])
+                                      ("M,K,N\n1,0,3\n", "positive"), ("M,K,N\n64,100,abc\n", "positive"),
+                                      ("M,K,N\n", "no rows"), ("", "not a CSV table")])
 def test_malformed_tables(registry_dir, text, bad):
     (registry_dir / "workloads" / "t.csv").write_text(text)
-    with pytest.raises(ValueError, match=bad):
+    with pytest.raises(ValueError, match=f"t.csv: .*{bad}"):
         workloads.load_workload("t")
 
 
