@@ -13,9 +13,9 @@ from numbers import Integral, Real
 import torch
 
 from .kernels.limits import ACTIVATIONS
-from .registry import dtype_name
+from .registry import DTYPE_NAMES, dtype_name
 
-SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+SUPPORTED_DTYPES = tuple(getattr(torch, name) for name in DTYPE_NAMES)
 
 
 def finite(op: str, name: str, x, minimum: float | None = None) -> float:

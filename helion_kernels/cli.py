@@ -22,7 +22,7 @@ import torch
 from . import registry, workloads
 from .kernels import CATALOG, DEPRECATED, canonical_name, get_spec
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DTYPES = {name: getattr(torch, name) for name in registry.DTYPE_NAMES}
 WIDTH = 120  # what the CPU report is laid out for
 _CHECKOUT = Path(__file__).resolve().parent.parent
 

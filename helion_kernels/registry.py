@@ -64,11 +64,20 @@ KEY_TYPES = (Shape, AttentionShape)
 FORMAT_VERSION = 1
 ENV_CONFIG_DIR = "HELION_KERNELS_CONFIG_DIR"
 WORKLOAD_FOLDERS = ("workloads", "attention_workloads")
-DTYPE_NAMES = ("bfloat16", "float16", "float32")  # the dtypes an entry can be tuned at
-# Config fields whose values this module can check without Helion: a list of positive ints, or
-# a positive int (Helion checks the rest when it binds the config).
-_POSITIVE_INT_LISTS = ("block_sizes",)
-_POSITIVE_INTS = ("num_warps", "num_stages")
+DTYPE_NAMES = ("bfloat16", "float16", "float32")  # the dtypes the ops take and entries are tuned at
+
+
+def _positive_int(value) -> bool:
+    return type(value) is int and value > 0
+
+
+# Config fields this module can check without Helion (Helion checks the rest when it binds the
+# config): field -> (check, what the value must be).
+_CONFIG_CHECKS = {
+    "block_sizes": (lambda v: isinstance(v, list) and all(map(_positive_int, v)), "a list of positive integers"),
+    "num_warps": (_positive_int, "a positive integer"),
+    "num_stages": (_positive_int, "a positive integer"),
+}
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -156,16 +165,9 @@ class Entry:
             raise ValueError(f"entry {shape}: config must be a JSON object")
         if obj["dtype"] not in DTYPE_NAMES:
             raise ValueError(f"entry {shape}: dtype {obj['dtype']!r} is not one of {', '.join(DTYPE_NAMES)}")
-        for name, value in obj["config"].items():
-            if name in _POSITIVE_INT_LISTS:
-                ok = isinstance(value, list) and all(type(v) is int and v > 0 for v in value)
-            elif name in _POSITIVE_INTS:
-                ok = type(value) is int and value > 0
-            else:
-                continue
-            if not ok:
-                raise ValueError(f"entry {shape}: config field {name!r} = {value!r} is not "
-                                 f"{'a list of positive integers' if name in _POSITIVE_INT_LISTS else 'a positive integer'}")
+        for name, (check, what) in _CONFIG_CHECKS.items():
+            if name in obj["config"] and not check(obj["config"][name]):
+                raise ValueError(f"entry {shape}: config field {name!r} = {obj['config'][name]!r} is not {what}")
         return cls(shape=shape, dtype=str(obj["dtype"]), config=obj["config"], meta=meta)
 
 

@@ -66,7 +66,8 @@ def load_workload(name: str, where: str | None = None, kind: str = "gemm") -> pd
 
     Raises:
         ValueError: unknown workload, a file that is not a CSV table or has no rows, missing
-            columns, a count or size that is not a positive integer (``seed`` may be 0, ``fill`` must lie in (0, 1]), or a bad query.
+            columns, a count or size that is not a positive integer (``seed`` may be 0,
+            ``fill`` must lie in (0, 1]), or a bad query.
     """
     path = _path(name, kind)
     columns = KINDS[kind][1]
