@@ -19,7 +19,11 @@ Also: peak memory of one step (fused vs compiled), the share of the norm's cost 
 ``(compiled - fused) / (compiled - gemms)``, and each output gradient checked against the
 compiled pair's.
 
-    python bench/training_step.py [--where "layer == 'linear_layernorm'"] [--timer graph] [--bias] [--out DIR]
+    python bench/training_step.py [--where "layer == 'linear_layernorm'"] [--timer graph] [--bias] [--repeats N] [--out DIR]
+
+``--repeats N``: every column timed N times, the columns in turn within each repeat (clock
+drift falls on all alike); the medians are reported, with ``speedup_vs_compiled_spread``
+(max - min of the per-repeat ratio).
 
 ``--bias``: the Linear has a bias (added inside the post-norm kernels). Writes
 ``training_step_<workload>[_bias][_graph][_<where>].{csv,md,json,png}`` to
@@ -29,6 +33,7 @@ compiled pair's.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import warnings
 from pathlib import Path
@@ -39,6 +44,7 @@ from torch import nn
 
 from helion_kernels import LinearLayerNorm, LinearRMSNorm, RMSNormLinear, matmul, registry, workloads
 from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
+from helion_kernels.cli import positive_int
 from helion_kernels.timing import measure_ceilings
 from helion_kernels.verify import check_outputs
 
@@ -109,22 +115,32 @@ def _paths(layer: str, fused: nn.Module, x: torch.Tensor) -> tuple[str, str]:
             "inductor norm backward on the kept norm input + cuBLAS GEMMs")
 
 
-def _time_all(steps: dict, timer: str) -> tuple[dict, str]:
-    """(median ms per column, the timer used): every column by CUDA-graph replay, or, when
-    ``timer`` is "plain" or any column cannot be captured, every column by plain do_bench."""
+def _time_all(steps: dict, timer: str, repeats: int = 1) -> tuple[dict[str, list[float]], str]:
+    """(each column's median ms of every repeat, the timer used): every column by CUDA-graph
+    replay, or, when ``timer`` is "plain" or any column cannot be captured, every column by
+    plain do_bench. The columns are timed in turn within each repeat, so that drift of the
+    GPU's clocks falls on all of them alike."""
     from triton.testing import do_bench, do_bench_cudagraph
+
+    def timed(bench) -> dict[str, list[float]]:
+        times: dict[str, list[float]] = {name: [] for name in steps}
+        for _ in range(repeats):
+            for name, fn in steps.items():
+                times[name].append(bench(fn, return_mode="median"))
+        return times
 
     if timer == "graph":
         try:
-            return {name: do_bench_cudagraph(fn, return_mode="median") for name, fn in steps.items()}, "graph"
+            return timed(do_bench_cudagraph), "graph"
         except Exception as err:  # a column that cannot be captured: time the whole row plain
             torch.cuda.synchronize()
             print(f"  CUDA-graph capture failed ({type(err).__name__}: {str(err)[:200]}); timing this row plain",
                   flush=True)
-    return {name: do_bench(fn, return_mode="median") for name, fn in steps.items()}, "plain"
+    return timed(do_bench), "plain"
 
 
-def bench_row(layer: str, m: int, k: int, n: int, timer: str = "plain", bias: bool = False) -> dict:
+def bench_row(layer: str, m: int, k: int, n: int, timer: str = "plain", bias: bool = False,
+              repeats: int = 1) -> dict:
     torch._dynamo.reset()
     torch.manual_seed(0)
     dev, dt = torch.device("cuda"), torch.bfloat16
@@ -165,14 +181,18 @@ def bench_row(layer: str, m: int, k: int, n: int, timer: str = "plain", bias: bo
             row[f"{name}_check"] = "ok"
         except AssertionError as err:
             row[f"{name}_grad_rel_error"], row[f"{name}_check"] = float("inf"), f"FAILED: {err}"
-    times, row["timer"] = _time_all(steps, timer)
-    row.update({f"{name}_ms": ms for name, ms in times.items()})
+    repeated, row["timer"] = _time_all(steps, timer, repeats)
+    row.update({f"{name}_ms": statistics.median(ts) for name, ts in repeated.items()})
     row["fused_peak_mib"] = _peak_mib(steps["fused"])
     row["compiled_peak_mib"] = _peak_mib(steps["compiled"])
     best = min(row["fused_ms"], row["fused_compiled_ms"])
     norm_cost = row["compiled_ms"] - row["gemms_ms"]
     row["norm_share_removed_pct"] = 100 * (row["compiled_ms"] - best) / norm_cost if norm_cost > 0 else float("nan")
     row["speedup_vs_compiled"] = row["compiled_ms"] / best
+    if repeats > 1:  # the same ratio per repeat (columns timed in the same repeat): its spread
+        per_repeat = [c / min(f, fc) for c, f, fc in
+                      zip(repeated["compiled"], repeated["fused"], repeated["fused_compiled"])]
+        row["repeats"], row["speedup_vs_compiled_spread"] = repeats, max(per_repeat) - min(per_repeat)
     row["fused_over_helion_gemms"] = best / row["helion_gemms_ms"]
     return row
 
@@ -210,6 +230,8 @@ def main() -> int:
     def arguments(p):
         add_timer_argument(p)
         p.add_argument("--bias", action="store_true", help="Linear with a bias (default: without)")
+        p.add_argument("--repeats", type=positive_int, default=1,
+                       help="time every column this many times, in turn, and report the medians (default 1)")
 
     args, table = workload_script_args(__doc__.splitlines()[0], arguments, default_workload="training")
     warnings.simplefilter("ignore", registry.ConfigFallbackWarning)
@@ -217,7 +239,8 @@ def main() -> int:
     ceilings = measure_ceilings(device)
     rows = []
     for r in table.to_dict("records"):
-        rows.append(bench_row(r["layer"], int(r["M"]), int(r["K"]), int(r["N"]), args.timer, args.bias))
+        rows.append(bench_row(r["layer"], int(r["M"]), int(r["K"]), int(r["N"]), args.timer, args.bias,
+                              args.repeats))
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
     df = pd.DataFrame(rows)
     meta = run_meta(device, ceilings, inputs="bf16 inputs, parameters (affine ~ 1 +- 0.1) and output gradient; "
@@ -227,8 +250,12 @@ def main() -> int:
     meta["timing"] = ("triton.testing.do_bench_cudagraph (CUDA-graph replay), median, every column of a row; "
                       "rows whose timer column says plain: do_bench for every column" if args.timer == "graph" else
                       "triton.testing.do_bench, median, not graph-captured, the same for every column")
+    if args.repeats > 1:
+        meta["timing"] += (f"; every column timed {args.repeats} times, the columns in turn within each repeat; "
+                           "the medians reported, and speedup_vs_compiled's spread (max - min) over the repeats")
     meta["command"] = ("python bench/training_step.py" + (f" --where {args.where!r}" if args.where else "")
-                       + (" --timer graph" if args.timer == "graph" else "") + (" --bias" if args.bias else ""))
+                       + (" --timer graph" if args.timer == "graph" else "") + (" --bias" if args.bias else "")
+                       + (f" --repeats {args.repeats}" if args.repeats > 1 else ""))
     stem = (f"training_step_{args.workload}" + ("_bias" if args.bias else "") + ("_graph" if args.timer == "graph" else "")
             + workloads.where_suffix(args.where))
     out = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]

@@ -61,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--effort", default="quick", choices=["quick", "full"],
                       help="Helion's autotune_effort: quick (its LFBO tree search from the seeds, up to 5 "
                            "generations) or full (a longer search) (default quick)")
-    tune.add_argument("--budget-seconds", type=_positive_int, default=60,
+    tune.add_argument("--budget-seconds", type=positive_int, default=60,
                       help="Helion autotune_budget_seconds per shape (default 60). Helion first times "
                            "the seeds (this package's and its own: 14-17 configs, 20-40 s for the GEMM "
                            "kernels on an H200), so a much smaller budget leaves no time for its search; "
@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         "re-tune the entries tuned before this date (UTC, as the registry's tuned_at) and tune the "
         "missing ones; entries from this date on are kept, so a re-tune that was stopped resumes "
         "where it stopped"))
-    tune.add_argument("--time-limit", type=_positive_int, metavar="SECONDS", help=(
+    tune.add_argument("--time-limit", type=positive_int, metavar="SECONDS", help=(
         "end the sweep within this many seconds of the command's start (a batch job's limit, less "
         "Python's and torch's start-up): a shape starts only while its budget + 50 s remain (the most "
         "a shape ran past its budget on an H200, at --effort quick), the rest are reported 'not "
@@ -91,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="time a kernel over a workload against the unfused baselines")
     common(bench, shape=False)
     bench.add_argument("--out", type=Path, default=None, help="results folder (default bench/results/<gpu>/)")
-    bench.add_argument("--repeats", type=_positive_int, default=1, help=(
+    bench.add_argument("--repeats", type=positive_int, default=1, help=(
         "time every column this many times (each a CUDA-graph median) and report the medians, and "
         "the GEMM ratios with their spread over the repeats (default 1)"))
 
@@ -99,7 +99,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _positive_int(value: str) -> int:
+def positive_int(value: str) -> int:
+    """A positive integer (an argparse ``type``)."""
     if not (value.isdigit() and int(value) > 0):
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}")
     return int(value)

@@ -43,17 +43,21 @@ def list_workloads(kind: str = "gemm") -> list[str]:
 
 
 WHERE_SUFFIX_MAX = 48  # characters of a query kept in a file name; longer ones are cut and hashed
+_COMPARISONS = {"<=": "le", ">=": "ge", "!=": "ne", "<": "lt", ">": "gt"}  # "==" stays unnamed
 
 
 def where_suffix(where: str | None) -> str:
     """The part of a result file's name that says which rows a ``--where`` query selected:
-    ``"M == 65536"`` -> ``"_M_65536"``; "" without a query. A query longer than
-    :data:`WHERE_SUFFIX_MAX` characters once cleaned is cut at the last word boundary within them and ends with 8 hex digits of
-    its SHA-1, so names stay short (file systems refuse names past 255 bytes) and distinct; the
-    result's ``.md`` and ``.json`` record the whole command."""
+    ``"M == 65536"`` -> ``"_M_65536"``, ``"K <= 1024"`` -> ``"_K_le_1024"`` (every comparison
+    but ``==`` is named, so ``K <= 1024`` and ``K == 1024`` never share a file); "" without a
+    query. A query longer than :data:`WHERE_SUFFIX_MAX` characters once cleaned is cut at the
+    last word boundary within them and ends with 8 hex digits of its SHA-1, so names stay short
+    (file systems refuse names past 255 bytes) and distinct; the result's ``.md`` and ``.json``
+    record the whole command."""
     if not where:
         return ""
-    words = re.sub(r"[^A-Za-z0-9]+", "_", where).strip("_")
+    named = re.sub(r"<=|>=|!=|<|>", lambda op: f" {_COMPARISONS[op.group()]} ", where)
+    words = re.sub(r"[^A-Za-z0-9]+", "_", named).strip("_")
     if len(words) > WHERE_SUFFIX_MAX:  # cut between words, so no number is cut short
         cut = words[:WHERE_SUFFIX_MAX + 1]
         words = cut[:cut.rfind("_")] if "_" in cut else cut[:WHERE_SUFFIX_MAX]

@@ -67,7 +67,11 @@ def test_where_suffix_names_the_selected_rows():
     from helion_kernels.workloads import where_suffix
 
     assert where_suffix("M == 65536") == "_M_65536"
-    assert where_suffix("K == 512 and N >= 2048") == "_K_512_and_N_2048"
+    assert where_suffix("K == 512 and N >= 2048") == "_K_512_and_N_ge_2048"
+    # Two queries that select different rows never share a file (they once did: the comparison
+    # was dropped, and 'K <= 1024' overwrote 'K == 1024').
+    names = [where_suffix(f"K {op} 1024") for op in ("==", "<=", ">=", "<", ">", "!=")]
+    assert names == ["_K_1024", "_K_le_1024", "_K_ge_1024", "_K_lt_1024", "_K_gt_1024", "_K_ne_1024"]
     assert where_suffix(None) == where_suffix("") == ""
 
 
