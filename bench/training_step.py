@@ -43,7 +43,8 @@ import torch
 from torch import nn
 
 from helion_kernels import LinearLayerNorm, LinearRMSNorm, RMSNormLinear, matmul, registry, workloads
-from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
+from helion_kernels.benchmark import (aim_bars, finish_plot, run_meta, time_columns, workload_script_args,
+                                      write_results)
 from helion_kernels.cli import positive_int
 from helion_kernels.timing import measure_ceilings
 from helion_kernels.verify import check_outputs
@@ -118,16 +119,11 @@ def _paths(layer: str, fused: nn.Module, x: torch.Tensor) -> tuple[str, str]:
 def _time_all(steps: dict, timer: str, repeats: int = 1) -> tuple[dict[str, list[float]], str]:
     """(each column's median ms of every repeat, the timer used): every column by CUDA-graph
     replay, or, when ``timer`` is "plain" or any column cannot be captured, every column by
-    plain do_bench. The columns are timed in turn within each repeat, so that drift of the
-    GPU's clocks falls on all of them alike."""
+    plain do_bench; the columns in turn within each repeat (:func:`time_columns`)."""
     from triton.testing import do_bench, do_bench_cudagraph
 
     def timed(bench) -> dict[str, list[float]]:
-        times: dict[str, list[float]] = {name: [] for name in steps}
-        for _ in range(repeats):
-            for name, fn in steps.items():
-                times[name].append(bench(fn, return_mode="median"))
-        return times
+        return time_columns(steps, repeats, lambda fn: bench(fn, return_mode="median"))
 
     if timer == "graph":
         try:

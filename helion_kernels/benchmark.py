@@ -51,13 +51,15 @@ SAVED_NOTE = ("`saved_vs_*_pct`: latency saved as % of the inductor norm's laten
 SPEEDUP_NOTE = "`speedup_vs_*`: latency of the alternative / latency of the fused kernel"
 
 
-def _time_columns(columns: dict[str, list], repeats: int) -> dict[str, list[float]]:
-    """Each column's CUDA-graph median (:func:`time_ms`) ``repeats`` times, the columns taken
-    in turn within each repeat so that drift of the GPU's clocks falls on all of them alike."""
+def time_columns(columns: dict, repeats: int, timer=None) -> dict[str, list[float]]:
+    """Each column's time ``repeats`` times, the columns taken in turn within each repeat so
+    that drift of the GPU's clocks falls on all of them alike. ``timer(column)`` gives one time
+    in ms; by default the column's CUDA-graph median (:func:`time_ms`)."""
+    timer = timer or time_ms
     times: dict[str, list[float]] = {name: [] for name in columns}
     for _ in range(repeats):
-        for name, fns in columns.items():
-            times[name].append(time_ms(fns))
+        for name, column in columns.items():
+            times[name].append(timer(column))
     return times
 
 
@@ -107,7 +109,7 @@ def bench_problem(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device
         columns[name] = [b[name] for b in baseline_sets]
     if spec.dispatch_fused is not None:  # the kernel is one launch of the op: time the whole op too
         columns["fused_op"] = [spec.dispatch_fused(functools.partial(runtime.launch, spec), a) for a in arg_sets]
-    repeated = _time_columns(columns, repeats)
+    repeated = time_columns(columns, repeats)
     times = {name: statistics.median(ts) for name, ts in repeated.items()}
     row.update({f"{k}_ms": v for k, v in times.items()})
     if repeats > 1:

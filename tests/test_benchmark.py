@@ -57,7 +57,7 @@ def test_repeated_timing_takes_the_columns_in_turn(monkeypatch):
     per-repeat ratios pair times of the same repeat."""
     order, clock = [], iter([1.0, 2.0, 1.5, 2.5, 1.2, 2.2])
     monkeypatch.setattr(benchmark, "time_ms", lambda fns: order.append(fns[0]) or next(clock))
-    times = benchmark._time_columns({"fused": ["f"], "helion_matmul": ["g"]}, repeats=3)
+    times = benchmark.time_columns({"fused": ["f"], "helion_matmul": ["g"]}, repeats=3)
     assert order == ["f", "g"] * 3
     assert times == {"fused": [1.0, 1.5, 1.2], "helion_matmul": [2.0, 2.5, 2.2]}
     assert benchmark._ratio(times, "fused", "helion_matmul") == pytest.approx([0.5, 0.6, 1.2 / 2.2])
