@@ -107,8 +107,10 @@ def _paths(layer: str, fused: nn.Module, x: torch.Tensor) -> tuple[str, str]:
     if layer == "rmsnorm_linear":
         args = (x.detach(), w.t(), 1e-5)
         forward, backward = prenorm.use_fused(args), prenorm.use_fused_backward(args, None)
-        return (("fused kernel" if forward else "inductor norm + cuBLAS"),
-                ("fused dgrad kernel + cuBLAS wgrad" if backward else "cuBLAS GEMMs + inductor norm backward"))
+        if not forward:  # the backward keeps the unfused forward's x_hat
+            return "inductor norm + cuBLAS", "cuBLAS GEMMs + inductor norm backward on the kept x_hat"
+        return "fused kernel", ("fused dgrad kernel + cuBLAS wgrad" if backward else
+                                "cuBLAS GEMMs + inductor norm backward (writes x_hat)")
     spec = postnorm_full_row.SPEC_LAYERNORM if layer == "linear_layernorm" else postnorm_full_row.SPEC_RMSNORM
     params = (fused.norm.weight, fused.norm.bias) if layer == "linear_layernorm" else (fused.norm.weight,)
     forward = postnorm.use_fused(spec, (x.detach(), w.t(), *params, 1e-5))

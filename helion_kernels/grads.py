@@ -171,6 +171,22 @@ def rmsnorm_matmul_dgrad(a, b, dc, rstd):
     return run_compiled(prenorm_norm_backward, torch.mm(dc, b.t()), a, rstd)
 
 
+def prenorm_da(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """dA in ``a.dtype`` from ``dx_hat = dc @ b^T``: :func:`prenorm_norm_backward` without
+    writing ``x_hat`` (rebuilt in fp32 from ``a``), for a backward that kept the forward's."""
+    return rms_row_backward(_f32(dx_hat), _f32(a) * rstd[:, None], rstd).to(a.dtype)
+
+
+def kept_x_hat_grads(a, b, rstd, x_hat, dc, need_a: bool = True, need_b: bool = True):
+    """(dA, dB) of ``c = x_hat @ b``, ``x_hat = a * rstd[:, None]`` in ``a.dtype``, with the
+    forward's ``x_hat`` kept (the unfused pre-norm path): the cuBLAS dgrad, one compiled pass
+    reading it and ``a`` that writes only dA (:func:`prenorm_da`), and the cuBLAS wgrad on the
+    kept ``x_hat``: one [M, K] write less than :func:`rmsnorm_matmul_grads`."""
+    da = run_compiled(prenorm_da, torch.mm(dc, b.t()), a, rstd) if need_a else None
+    db = torch.mm(x_hat.t(), dc) if need_b else None
+    return da, db
+
+
 def rmsnorm_matmul_grads(a, b, rstd, dc, need_a: bool = True, need_b: bool = True):
     """(dA, dB) of ``c = (a * rstd[:, None]) @ b`` (the weight is folded into ``b``), unfused:
     the dgrad GEMM, the norm's backward, the wgrad GEMM on ``x_hat``."""
@@ -247,7 +263,7 @@ def deferred_grads(a, b, c, x, rstd, dout, needs: tuple[bool, bool, bool]):
     dc = torch.mm(run_compiled(rms_x_hat, x, rstd).t(), dout) if needs[2] else None
     da = db = None
     if needs[0] or needs[1]:
-        dx, _ = run_compiled(prenorm_norm_backward, torch.mm(dout, c.t()), x, rstd)
+        dx = run_compiled(prenorm_da, torch.mm(dout, c.t()), x, rstd)
         da, db = matmul_grads(a, b, dx, needs[0], needs[1])
     return da, db, dc
 

@@ -290,6 +290,41 @@ def test_eager_training_calls_skip_the_dispatcher(monkeypatch):
     assert seen == ["function"]
 
 
+def test_unfused_prenorm_backward_reads_the_kept_x_hat(monkeypatch):
+    """After the unfused forward, ``rmsnorm_matmul`` saves that forward's ``x_hat`` [M, K]
+    and its backward rebuilds none (neither the norm backward that writes one nor
+    ``rms_x_hat`` runs; the gradients themselves are checked with the other ops'); after
+    the fused forward nothing is kept."""
+    x = _leaves(9, 24, 20, 12, torch.float32, seed=10)
+    c = hk.rmsnorm_matmul(x["a"], x["b"], x["wk"], EPS, fused=False)
+    assert c.grad_fn.saved_tensors[3].shape == x["a"].shape
+    fused = hk.rmsnorm_matmul(x["a"], x["b"], x["wk"], EPS, fused=True)
+    assert fused.grad_fn.saved_tensors[3].numel() == 0
+    for name in ("prenorm_norm_backward", "rms_x_hat"):
+        monkeypatch.setattr(_grad, name, lambda *args, name=name: pytest.fail(f"the backward ran {name}"))
+    c.sum().backward()
+    assert x["a"].grad is not None and x["b"].grad is not None and x["wk"].grad is not None
+
+
+@pytest.mark.parametrize("fused", [False, None, True])
+def test_prenorm_training_compiles_with_dynamic_shapes(fused):
+    """The pre-norm op's fake takes the registry's path decision (its x_hat output's shape
+    depends on it) on concrete sizes: under ``dynamic=True`` a new M re-specialises and the
+    gradients stay right."""
+    b = _leaves(8, 48, 20, 8, torch.float32, seed=11)["b"]
+    torch._dynamo.reset()
+    step = torch.compile(lambda x, e: hk.rmsnorm_matmul(x, b, None, e, fused=fused).square().sum(),
+                         fullgraph=True, dynamic=True, backend="aot_eager")
+    for m in (33, 17):
+        x = _leaves(m, 48, 20, 8, torch.float32, seed=m)["a"]
+        step(x, EPS).backward()
+        ref = {k: t.detach().double().requires_grad_() for k, t in (("a", x), ("b", b))}
+        (F.rms_norm(ref["a"], (48,), None, EPS) @ ref["b"]).square().sum().backward()
+        for key, leaf in (("a", x), ("b", b)):
+            torch.testing.assert_close(leaf.grad.double(), ref[key].grad, rtol=1e-4, atol=1e-4, msg=key)
+        b.grad = None
+
+
 # --- gradcheck of the backward formulas (float64, any machine) ---------------------------
 
 
@@ -333,6 +368,21 @@ class _PreNorm(torch.autograd.Function):
         return _grad.rmsnorm_matmul_grads(*ctx.saved_tensors, dc)
 
 
+class _PreNormKept(torch.autograd.Function):
+    """The unfused path's backward, which keeps the forward's x_hat."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        rstd = torch.rsqrt(a.pow(2).mean(dim=1) + EPS)
+        x_hat = a * rstd[:, None]
+        ctx.save_for_backward(a, b, rstd, x_hat)
+        return x_hat @ b
+
+    @staticmethod
+    def backward(ctx, dc):
+        return _grad.kept_x_hat_grads(*ctx.saved_tensors, dc)
+
+
 class _Deferred(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, c):
@@ -363,6 +413,7 @@ def test_gradcheck_backward_formulas():
         assert torch.autograd.gradcheck(
             lambda a, b, w, bias, lb, res: _PostNorm.apply(kind, True, a, b, w, bias, lb, res), (a, b, w, bias, lb, res))
     assert torch.autograd.gradcheck(_PreNorm.apply, (a, b))
+    assert torch.autograd.gradcheck(_PreNormKept.apply, (a, b))
     assert torch.autograd.gradcheck(_Deferred.apply, (a, b, c))
     dc = t(3, 4).detach()
     (a @ b).backward(dc)

@@ -62,13 +62,16 @@ def use_fused(args: tuple, fused: bool | None = None) -> bool:
 
 
 def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, eps: float,
-                    fused: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+                    fused: bool | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(c, rstd, x_hat): ``x_hat`` is the unfused path's normalised ``a`` [M, K] (the cuBLAS
+    GEMM's operand, already written, so the backward keeps it instead of writing it again),
+    empty [0] after the fused kernel, which never writes it."""
     args = (a.contiguous(), gemm_operand(b), eps)
     if use_fused(args, fused):
-        return runtime.launch(_kernels.SPEC, args)
+        return (*runtime.launch(_kernels.SPEC, args), a.new_empty(0))
     # cuBLAS + the standalone norm (rstd is defined when there is nothing to multiply).
     x_hat, rstd = grads.run_compiled(_rms_norm_rstd, a, eps)
-    return torch.mm(x_hat, b), rstd
+    return torch.mm(x_hat, b), rstd, x_hat
 
 
 def _rms_norm_rstd(a: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -77,7 +80,12 @@ def _rms_norm_rstd(a: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Ten
 
 
 def _rmsnorm_matmul_fake(a, b, eps, fused):
-    return a.new_empty(a.shape[0], b.shape[1]), a.new_empty(a.shape[0], dtype=torch.float32)
+    # The x_hat output's shape depends on the path, so the fake takes the implementation's
+    # decision (the registry's, read for concrete sizes: a symbolic M is specialised here, as
+    # the static-shape kernels are).
+    kept = not use_fused((a, b, eps), fused)
+    return (a.new_empty(a.shape[0], b.shape[1]), a.new_empty(a.shape[0], dtype=torch.float32),
+            a.new_empty(a.shape) if kept else a.new_empty(0))
 
 
 def use_fused_backward(args: tuple, fused: bool | None) -> bool:
@@ -108,17 +116,22 @@ _DGRAD = Op("rmsnorm_matmul_backward", _dgrad, _dgrad_fake)
 def _setup_context(ctx, inputs, output):
     a, b, _, fused = inputs
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(a, b, output[1])
+    ctx.save_for_backward(a, b, output[1], output[2])
     ctx.fused = fused
-    ctx.mark_non_differentiable(output[1])
+    ctx.mark_non_differentiable(output[1], output[2])
 
 
-def _backward(ctx, dc, _drstd):
-    """dA from the dgrad op (fused or not), dB = x_hat^T @ dc on cuBLAS."""
+def _backward(ctx, dc, _drstd, _dx_hat):
+    """After the unfused forward, its kept ``x_hat``: dA from the cuBLAS dgrad and one compiled
+    pass that writes only dA, dB = x_hat^T @ dc (cuBLAS). After the fused forward: dA from the
+    dgrad op (fused or not; it writes ``x_hat`` for the wgrad), dB on cuBLAS."""
     if dc is None:  # nothing downstream used c
         return None, None, None, None
-    a, b, rstd = ctx.saved_tensors
+    a, b, rstd, x_hat = ctx.saved_tensors
     need_a, need_b = ctx.needs_input_grad[:2]
+    if x_hat.numel():
+        da, db = grads.kept_x_hat_grads(a, b, rstd, x_hat, dc, need_a, need_b)
+        return da, db, None, None
     da = x_hat = db = None
     if need_a:
         da, x_hat = _DGRAD(a, b, dc, rstd, ctx.fused)
@@ -223,10 +236,13 @@ def rmsnorm_matmul(
         ``c`` [M, N] in the input dtype (fp32 accumulation and statistics), or
         ``(c, rstd)`` with ``return_rstd=True``. Differentiable in ``a``, ``b`` and
         ``weight``, and in a given ``rstd`` (a returned, computed ``rstd`` is not). Without
-        ``rstd`` the backward saves ``a``, ``b`` and the fp32 ``rstd`` and rebuilds the
-        normalised ``a`` on the fly: the dgrad GEMM applies the whole RMSNorm backward in its
-        epilogue and writes ``x_hat`` for the cuBLAS wgrad
-        (:mod:`helion_kernels.kernels.rmsnorm_matmul_backward`). With ``rstd`` given, ``a``'s
+        ``rstd`` the backward saves ``a``, ``b`` and the fp32 ``rstd``. After the fused
+        forward it rebuilds the normalised ``a`` on the fly: the dgrad (fused: the whole
+        RMSNorm backward in the GEMM's epilogue,
+        :mod:`helion_kernels.kernels.rmsnorm_matmul_backward`) writes ``x_hat`` for the cuBLAS
+        wgrad. After the unfused forward it also keeps that forward's ``x_hat`` (one [M, K]
+        tensor in the input dtype, as the compiled PyTorch pair keeps its norm output): the
+        wgrad reads it and the norm's backward writes only dA. With ``rstd`` given, ``a``'s
         gradient is only the scaled GEMM's; the norm's part reaches ``a`` through ``rstd``'s
         own graph, so an ``rstd`` computed without autograd (detached, under ``no_grad``)
         leaves it out. Once differentiable (no gradient of a gradient).
@@ -250,5 +266,5 @@ def rmsnorm_matmul(
     if rstd is not None:
         c = _GIVEN_RSTD(a, b, rstd, fused)
     else:
-        c, rstd = _OP(a, b, eps, fused)
+        c, rstd, _ = _OP(a, b, eps, fused)
     return (c, rstd) if return_rstd else c
