@@ -11,7 +11,9 @@ bf16), cast to the parameter's dtype at the end.
 What each forward saves, and why (the cheapest set that rebuilds the normalised tensor):
 
 * pre-norm ``rms_norm(a) @ b``: ``a``, ``b`` (alive anyway: the layer's input and weight)
-  and the fp32 ``rstd`` [M]; ``x_hat = a * rstd`` is rebuilt on the fly.
+  and the fp32 ``rstd`` [M]. After the fused forward ``x_hat = a * rstd`` is rebuilt on the
+  fly; the unfused forward writes it for its cuBLAS GEMM anyway, and it is kept for the wgrad
+  (when ``b``'s gradient is wanted), as the compiled PyTorch pair keeps its norm output.
 * full-row post-norm ``norm(a @ b [+ linear_bias] [+ residual])``: ``a``, ``b``, the affine
   parameters, the norm's input ``c = a @ b [+ ...]`` in the input dtype (written by the
   forward, fused or not, only when autograd records the call) and the fp32 ``mean``/``rstd``. Recomputing ``c`` would cost a whole GEMM
@@ -180,8 +182,9 @@ def prenorm_da(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor) -> tor
 def kept_x_hat_grads(a, b, rstd, x_hat, dc, need_a: bool = True, need_b: bool = True):
     """(dA, dB) of ``c = x_hat @ b``, ``x_hat = a * rstd[:, None]`` in ``a.dtype``, with the
     forward's ``x_hat`` kept (the unfused pre-norm path): the cuBLAS dgrad, one compiled pass
-    reading it and ``a`` that writes only dA (:func:`prenorm_da`), and the cuBLAS wgrad on the
-    kept ``x_hat``: one [M, K] write less than :func:`rmsnorm_matmul_grads`."""
+    that reads ``dx_hat`` and ``a`` (rebuilding ``x_hat`` in fp32) and writes only dA
+    (:func:`prenorm_da`), and the cuBLAS wgrad on the kept ``x_hat``: one [M, K] write less
+    than :func:`rmsnorm_matmul_grads`."""
     da = run_compiled(prenorm_da, torch.mm(dc, b.t()), a, rstd) if need_a else None
     db = torch.mm(x_hat.t(), dc) if need_b else None
     return da, db

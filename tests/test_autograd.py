@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import helion_kernels as hk
 from helion_kernels import grads as _grad
+from helion_kernels import runtime
 from helion_kernels.ops import postnorm, prenorm, split_n
 from helion_kernels.verify import check_outputs
 
@@ -263,6 +264,9 @@ def _opcheck_cases():
         ("matmul_rmsnorm_addends", postnorm._RMSNORM, (a, b, w, EPS, False, None, True, lb, res)),
         ("rmsnorm_matmul", prenorm._OP, (a, b, EPS, None)),
         ("rmsnorm_matmul_unfused", prenorm._OP, (a, b, EPS, False)),
+        # a column-major a (a transposed activation): x_hat is built from the contiguous copy
+        ("rmsnorm_matmul_unfused_column_major_a", prenorm._OP, (a.t().contiguous().t(), b, EPS, False)),
+        ("rmsnorm_matmul_unfused_no_columns", prenorm._OP, (a, b[:, :0], EPS, None)),
         ("matmul_layernorm_split_n", split_n._LAYERNORM, (a, b, w, bias, EPS, None)),
         ("matmul_rmsnorm_matmul", split_n._DEFERRED, (a, b, c, EPS, True)),
         ("matmul_rmsnorm_matmul_unfused", split_n._DEFERRED, (a, b, c, EPS, False)),
@@ -307,22 +311,44 @@ def test_unfused_prenorm_backward_reads_the_kept_x_hat(monkeypatch):
 
 
 @pytest.mark.parametrize("fused", [False, None, True])
-def test_prenorm_training_compiles_with_dynamic_shapes(fused):
-    """The pre-norm op's fake takes the registry's path decision (its x_hat output's shape
-    depends on it) on concrete sizes: under ``dynamic=True`` a new M re-specialises and the
-    gradients stay right."""
+def test_prenorm_training_compiles_once_for_every_m(fused, monkeypatch):
+    """Under ``torch.compile(dynamic=True)`` what the first M of a training step through the
+    pre-norm op compiles serves every other M, with the right gradients: the op's ``x_hat`` output (M rows after
+    the unfused path, none after the fused kernel) has a row count the graph learns at run
+    time, so no path decision is taken while tracing. With ``fused=None`` the registry
+    decides, as on a GPU (reference mode would always run the kernel)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    if fused is None:
+        monkeypatch.setattr(runtime, "reference_mode", lambda kernel: False)
     b = _leaves(8, 48, 20, 8, torch.float32, seed=11)["b"]
     torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
     step = torch.compile(lambda x, e: hk.rmsnorm_matmul(x, b, None, e, fused=fused).square().sum(),
-                         fullgraph=True, dynamic=True, backend="aot_eager")
-    for m in (33, 17):
+                         fullgraph=True, dynamic=True, backend=counter)
+    first = None
+    for m in (33, 17, 5, 64, 9, 12, 40, 21, 3, 50):  # more M than dynamo's recompile limit (8)
         x = _leaves(m, 48, 20, 8, torch.float32, seed=m)["a"]
         step(x, EPS).backward()
+        first = first or counter.frame_count
         ref = {k: t.detach().double().requires_grad_() for k, t in (("a", x), ("b", b))}
         (F.rms_norm(ref["a"], (48,), None, EPS) @ ref["b"]).square().sum().backward()
         for key, leaf in (("a", x), ("b", b)):
             torch.testing.assert_close(leaf.grad.double(), ref[key].grad, rtol=1e-4, atol=1e-4, msg=key)
         b.grad = None
+    assert counter.frame_count == first  # what the first M compiled served every other M
+
+
+def test_prenorm_keeps_no_x_hat_for_a_frozen_weight():
+    """``x_hat`` only serves the wgrad: with ``b`` not requiring grad nothing more than
+    ``a``, ``b`` and ``rstd`` is saved."""
+    x = _leaves(9, 24, 20, 12, torch.float32, seed=12)
+    c = hk.rmsnorm_matmul(x["a"], x["b"].detach(), None, EPS, fused=False)
+    assert c.grad_fn.saved_tensors[3].numel() == 0
+    c.sum().backward()
+    ref = x["a"].detach().double().requires_grad_()
+    (F.rms_norm(ref, (24,), None, EPS) @ x["b"].detach().double()).sum().backward()
+    torch.testing.assert_close(x["a"].grad.double(), ref.grad, rtol=1e-4, atol=1e-5)
 
 
 # --- gradcheck of the backward formulas (float64, any machine) ---------------------------

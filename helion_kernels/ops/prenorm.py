@@ -65,12 +65,12 @@ def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, eps: float,
                     fused: bool | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(c, rstd, x_hat): ``x_hat`` is the unfused path's normalised ``a`` [M, K] (the cuBLAS
     GEMM's operand, already written, so the backward keeps it instead of writing it again),
-    empty [0] after the fused kernel, which never writes it."""
+    [0, K] after the fused kernel, which never writes it."""
     args = (a.contiguous(), gemm_operand(b), eps)
     if use_fused(args, fused):
-        return (*runtime.launch(_kernels.SPEC, args), a.new_empty(0))
+        return (*runtime.launch(_kernels.SPEC, args), a.new_empty(0, a.shape[1]))
     # cuBLAS + the standalone norm (rstd is defined when there is nothing to multiply).
-    x_hat, rstd = grads.run_compiled(_rms_norm_rstd, a, eps)
+    x_hat, rstd = grads.run_compiled(_rms_norm_rstd, args[0], eps)
     return torch.mm(x_hat, b), rstd, x_hat
 
 
@@ -80,12 +80,13 @@ def _rms_norm_rstd(a: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Ten
 
 
 def _rmsnorm_matmul_fake(a, b, eps, fused):
-    # The x_hat output's shape depends on the path, so the fake takes the implementation's
-    # decision (the registry's, read for concrete sizes: a symbolic M is specialised here, as
-    # the static-shape kernels are).
-    kept = not use_fused((a, b, eps), fused)
+    # x_hat has M rows after the unfused path and none after the fused kernel: the registry
+    # decides at run time, for the concrete M, so its row count is a size the graph learns
+    # then (an unbacked size). Nothing in a graph branches on it (the backward op does, when
+    # it runs), so a new M compiles nothing.
+    rows = torch.library.get_ctx().new_dynamic_size()
     return (a.new_empty(a.shape[0], b.shape[1]), a.new_empty(a.shape[0], dtype=torch.float32),
-            a.new_empty(a.shape) if kept else a.new_empty(0))
+            a.new_empty(rows, a.shape[1]))
 
 
 def use_fused_backward(args: tuple, fused: bool | None) -> bool:
@@ -93,7 +94,8 @@ def use_fused_backward(args: tuple, fused: bool | None) -> bool:
     (:mod:`helion_kernels.kernels.rmsnorm_matmul_backward`) or cuBLAS + the compiled norm
     backward: ``fused`` True/False forces; None follows the registry's dispatch decision
     for ``rmsnorm_matmul_backward`` at this shape (the nearest tuned one for an untuned
-    shape; unfused on a GPU with no entry); reference mode always runs the kernel."""
+    shape; unfused on a GPU with no entry); reference mode always runs the kernel. A backward
+    that kept the unfused forward's ``x_hat`` runs neither (see :func:`rmsnorm_matmul`)."""
     return runtime.registry_choice(_backward_kernels.SPEC, args, fused)
 
 
@@ -113,31 +115,56 @@ def _dgrad_fake(a, b, dc, rstd, fused):
 _DGRAD = Op("rmsnorm_matmul_backward", _dgrad, _dgrad_fake)
 
 
+def _grads(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, rstd: torch.Tensor, x_hat: torch.Tensor,
+           fused: bool | None, need_a: bool, need_b: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dA, dB) of ``c = (a * rstd[:, None]) @ b``, each [0] where not needed, contiguous.
+
+    With the unfused forward's ``x_hat`` kept (M rows): the cuBLAS dgrad, one compiled pass
+    writing only dA, the cuBLAS wgrad on ``x_hat``. Without (the fused forward, or dB not
+    needed): the dgrad op, fused or not (:func:`use_fused_backward`), which writes ``x_hat``
+    for the cuBLAS wgrad; when only dA is needed, the unfused dgrad writes no ``x_hat``."""
+    a = a.contiguous()
+    if x_hat.shape[0]:
+        da, db = grads.kept_x_hat_grads(a, b, rstd, x_hat, dc, need_a, need_b)
+    else:
+        da = db = None
+        if need_a and (need_b or use_fused_backward((a, b, dc, rstd), fused)):
+            da, x_hat = _DGRAD(a, b, dc, rstd, fused)
+        elif need_a:
+            da = grads.run_compiled(grads.prenorm_da, torch.mm(dc, b.t()), a, rstd)
+        if need_b:
+            db = torch.mm((x_hat if x_hat.shape[0] else grads.run_compiled(grads.rms_x_hat, a, rstd)).t(), dc)
+    return (a.new_empty(0) if da is None else da), (b.new_empty(0) if db is None else db)
+
+
+def _grads_fake(a, b, dc, rstd, x_hat, fused, need_a, need_b):
+    return (a.new_empty(a.shape) if need_a else a.new_empty(0),
+            b.new_empty(b.shape) if need_b else b.new_empty(0))
+
+
+_GRADS = Op("rmsnorm_matmul_grads", _grads, _grads_fake)
+
+
 def _setup_context(ctx, inputs, output):
     a, b, _, fused = inputs
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(a, b, output[1], output[2])
+    # x_hat only serves the wgrad: kept only when b's gradient is wanted (a frozen weight
+    # keeps nothing more than before).
+    x_hat = output[2] if ctx.needs_input_grad[1] else output[2].new_empty(0, a.shape[1])
+    ctx.save_for_backward(a, b, output[1], x_hat)
     ctx.fused = fused
     ctx.mark_non_differentiable(output[1], output[2])
 
 
 def _backward(ctx, dc, _drstd, _dx_hat):
-    """After the unfused forward, its kept ``x_hat``: dA from the cuBLAS dgrad and one compiled
-    pass that writes only dA, dB = x_hat^T @ dc (cuBLAS). After the fused forward: dA from the
-    dgrad op (fused or not; it writes ``x_hat`` for the wgrad), dB on cuBLAS."""
+    """dA and dB by :func:`_grads` (a custom op of its own: whether the forward kept ``x_hat``
+    is known only when it runs)."""
     if dc is None:  # nothing downstream used c
         return None, None, None, None
     a, b, rstd, x_hat = ctx.saved_tensors
     need_a, need_b = ctx.needs_input_grad[:2]
-    if x_hat.numel():
-        da, db = grads.kept_x_hat_grads(a, b, rstd, x_hat, dc, need_a, need_b)
-        return da, db, None, None
-    da = x_hat = db = None
-    if need_a:
-        da, x_hat = _DGRAD(a, b, dc, rstd, ctx.fused)
-    if need_b:
-        db = torch.mm((grads.run_compiled(grads.rms_x_hat, a, rstd) if x_hat is None else x_hat).t(), dc)
-    return da, db, None, None
+    da, db = _GRADS(a, b, dc, rstd, x_hat, ctx.fused, need_a, need_b)
+    return (da if need_a else None), (db if need_b else None), None, None
 
 
 _OP = Op("rmsnorm_matmul", _rmsnorm_matmul, _rmsnorm_matmul_fake, backward=_backward,
@@ -226,7 +253,8 @@ def rmsnorm_matmul(
         return_rstd: also return ``rstd`` [M] fp32 (what a backward needs; the given one
             when ``rstd`` is given).
         fused: None: the forward and the backward each follow the registry's decision for
-            this shape (:func:`use_fused`, :func:`use_fused_backward`: the fused kernel only
+            this shape (:func:`use_fused`, :func:`use_fused_backward`, the latter after a
+            fused forward or for dA alone; the fused kernel only
             where tuning measured it faster than cuBLAS + the inductor-compiled norm; with
             ``rstd`` given, :func:`use_fused_given_rstd`); True: both fused; False: both
             unfused (the inductor-compiled norm, cuBLAS GEMMs). With ``rstd`` given the
@@ -240,12 +268,14 @@ def rmsnorm_matmul(
         forward it rebuilds the normalised ``a`` on the fly: the dgrad (fused: the whole
         RMSNorm backward in the GEMM's epilogue,
         :mod:`helion_kernels.kernels.rmsnorm_matmul_backward`) writes ``x_hat`` for the cuBLAS
-        wgrad. After the unfused forward it also keeps that forward's ``x_hat`` (one [M, K]
-        tensor in the input dtype, as the compiled PyTorch pair keeps its norm output): the
-        wgrad reads it and the norm's backward writes only dA. With ``rstd`` given, ``a``'s
-        gradient is only the scaled GEMM's; the norm's part reaches ``a`` through ``rstd``'s
-        own graph, so an ``rstd`` computed without autograd (detached, under ``no_grad``)
-        leaves it out. Once differentiable (no gradient of a gradient).
+        wgrad. After the unfused forward it also keeps that forward's ``x_hat`` when ``b``
+        needs a gradient (one [M, K] tensor in the input dtype, as the compiled PyTorch pair
+        keeps its norm output): the wgrad reads it and the norm's backward writes only dA.
+        Which path ran is known only at run time, so a compiled graph serves every M. With
+        ``rstd`` given, ``a``'s gradient is only the scaled GEMM's; the norm's part reaches
+        ``a`` through ``rstd``'s own graph, so an ``rstd`` computed without autograd
+        (detached, under ``no_grad``) leaves it out. Once differentiable (no gradient of a
+        gradient).
 
     Raises:
         TypeError: non-tensor input, unsupported or mismatched dtypes, an ``rstd`` that is
