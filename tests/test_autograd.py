@@ -339,6 +339,31 @@ def test_prenorm_training_compiles_once_for_every_m(fused, monkeypatch):
     assert counter.frame_count == first  # what the first M compiled served every other M
 
 
+def test_prenorm_static_graphs_have_no_run_time_sizes(monkeypatch):
+    """A graph compiled for static sizes takes the registry's path decision while tracing, so
+    neither its forward nor its backward has a size learnt at run time (which would keep
+    ``mode="reduce-overhead"`` from CUDA-graphing it); a dynamic graph has one, x_hat's rows."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    monkeypatch.setattr(runtime, "reference_mode", lambda kernel: False)  # the registry decides
+    b = _leaves(8, 24, 10, 8, torch.float32, seed=13)["b"]
+    for dynamic, expected in ((False, [False, False]), (True, [True, True])):
+        unbacked = []
+
+        def inspect(gm, _inputs, unbacked=unbacked):
+            unbacked.append(any(free_unbacked_symbols(n.meta["val"]) for n in gm.graph.nodes
+                                if n.meta.get("val") is not None))
+            return make_boxed_func(gm.forward)
+
+        torch._dynamo.reset()
+        step = torch.compile(lambda x: hk.rmsnorm_matmul(x, b, None, EPS).square().sum(), fullgraph=True,
+                             dynamic=dynamic, backend=aot_autograd(fw_compiler=inspect, bw_compiler=inspect))
+        step(_leaves(7, 24, 10, 8, torch.float32, seed=14)["a"]).backward()
+        assert unbacked == expected, dynamic
+
+
 def test_prenorm_keeps_no_x_hat_for_a_frozen_weight():
     """``x_hat`` only serves the wgrad: with ``b`` not requiring grad nothing more than
     ``a``, ``b`` and ``rstd`` is saved."""

@@ -80,11 +80,17 @@ def _rms_norm_rstd(a: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Ten
 
 
 def _rmsnorm_matmul_fake(a, b, eps, fused):
-    # x_hat has M rows after the unfused path and none after the fused kernel: the registry
-    # decides at run time, for the concrete M, so its row count is a size the graph learns
-    # then (an unbacked size). Nothing in a graph branches on it (the backward op does, when
-    # it runs), so a new M compiles nothing.
-    rows = torch.library.get_ctx().new_dynamic_size()
+    # x_hat has M rows after the unfused path and none after the fused kernel. For a graph of
+    # static sizes the fake takes the implementation's decision (the registry's, for those
+    # sizes); for symbolic sizes (a graph that serves every M) the decision waits for the run,
+    # so the row count is a size the graph learns then (an unbacked size: nothing in a graph
+    # branches on it; the backward op does, when it runs). Reading symbolic sizes here would
+    # specialise them: one compilation per M. (Inductor does not CUDA-graph a graph with an
+    # unbacked size, so mode="reduce-overhead" replays only the static-size graphs.)
+    if all(isinstance(size, int) for size in (*a.shape, b.shape[1])):
+        rows = 0 if use_fused((a, b, eps), fused) else a.shape[0]
+    else:
+        rows = torch.library.get_ctx().new_dynamic_size()
     return (a.new_empty(a.shape[0], b.shape[1]), a.new_empty(a.shape[0], dtype=torch.float32),
             a.new_empty(rows, a.shape[1]))
 
@@ -271,7 +277,8 @@ def rmsnorm_matmul(
         wgrad. After the unfused forward it also keeps that forward's ``x_hat`` when ``b``
         needs a gradient (one [M, K] tensor in the input dtype, as the compiled PyTorch pair
         keeps its norm output): the wgrad reads it and the norm's backward writes only dA.
-        Which path ran is known only at run time, so a compiled graph serves every M. With
+        A graph compiled for symbolic sizes learns which path ran only at run time, so it
+        serves every M (but is not CUDA-graphed by ``mode="reduce-overhead"``). With
         ``rstd`` given, ``a``'s gradient is only the scaled GEMM's; the norm's part reaches
         ``a`` through ``rstd``'s own graph, so an ``rstd`` computed without autograd
         (detached, under ``no_grad``) leaves it out. Once differentiable (no gradient of a
