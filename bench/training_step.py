@@ -108,7 +108,8 @@ def _paths(layer: str, fused: nn.Module, x: torch.Tensor) -> tuple[str, str]:
         args = (x.detach(), w.t(), 1e-5)
         forward, backward = prenorm.use_fused(args), prenorm.use_fused_backward(args, None)
         if not forward:  # the backward keeps the unfused forward's x_hat
-            return "inductor norm + cuBLAS", "inductor norm backward (writes dA only) + cuBLAS GEMMs (wgrad on the kept x_hat)"
+            return ("inductor norm + cuBLAS",
+                    "inductor norm backward (writes dA only) + cuBLAS GEMMs (wgrad on the kept x_hat)")
         return "fused kernel", ("fused dgrad kernel + cuBLAS wgrad" if backward else
                                 "cuBLAS GEMMs + inductor norm backward (writes x_hat)")
     spec = postnorm_full_row.SPEC_LAYERNORM if layer == "linear_layernorm" else postnorm_full_row.SPEC_RMSNORM

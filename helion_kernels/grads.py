@@ -179,13 +179,19 @@ def prenorm_da(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor) -> tor
     return rms_row_backward(_f32(dx_hat), _f32(a) * rstd[:, None], rstd).to(a.dtype)
 
 
+def rmsnorm_matmul_da(a, b, dc, rstd):
+    """dA alone of ``c = (a * rstd[:, None]) @ b``, unfused: :func:`rmsnorm_matmul_dgrad`
+    without writing ``x_hat`` (the dgrad GEMM, then one compiled pass, :func:`prenorm_da`)."""
+    return run_compiled(prenorm_da, torch.mm(dc, b.t()), a, rstd)
+
+
 def kept_x_hat_grads(a, b, rstd, x_hat, dc, need_a: bool = True, need_b: bool = True):
     """(dA, dB) of ``c = x_hat @ b``, ``x_hat = a * rstd[:, None]`` in ``a.dtype``, with the
     forward's ``x_hat`` kept (the unfused pre-norm path): the cuBLAS dgrad, one compiled pass
     that reads ``dx_hat`` and ``a`` (rebuilding ``x_hat`` in fp32) and writes only dA
-    (:func:`prenorm_da`), and the cuBLAS wgrad on the kept ``x_hat``: one [M, K] write less
-    than :func:`rmsnorm_matmul_grads`."""
-    da = run_compiled(prenorm_da, torch.mm(dc, b.t()), a, rstd) if need_a else None
+    (:func:`rmsnorm_matmul_da`), and the cuBLAS wgrad on the kept ``x_hat``: one [M, K] write
+    less than :func:`rmsnorm_matmul_grads`."""
+    da = rmsnorm_matmul_da(a, b, dc, rstd) if need_a else None
     db = torch.mm(x_hat.t(), dc) if need_b else None
     return da, db
 
@@ -266,7 +272,7 @@ def deferred_grads(a, b, c, x, rstd, dout, needs: tuple[bool, bool, bool]):
     dc = torch.mm(run_compiled(rms_x_hat, x, rstd).t(), dout) if needs[2] else None
     da = db = None
     if needs[0] or needs[1]:
-        dx = run_compiled(prenorm_da, torch.mm(dout, c.t()), x, rstd)
+        dx = rmsnorm_matmul_da(x, c, dout, rstd)
         da, db = matmul_grads(a, b, dx, needs[0], needs[1])
     return da, db, dc
 

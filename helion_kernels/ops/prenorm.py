@@ -134,10 +134,11 @@ def _grads(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, rstd: torch.Tenso
         da, db = grads.kept_x_hat_grads(a, b, rstd, x_hat, dc, need_a, need_b)
     else:
         da = db = None
-        if need_a and (need_b or use_fused_backward((a, b, dc, rstd), fused)):
-            da, x_hat = _DGRAD(a, b, dc, rstd, fused)
+        fused_dgrad = need_a and use_fused_backward((a, b, dc, rstd), fused)  # decided once
+        if need_a and (need_b or fused_dgrad):
+            da, x_hat = _DGRAD(a, b, dc, rstd, fused_dgrad)
         elif need_a:
-            da = grads.run_compiled(grads.prenorm_da, torch.mm(dc, b.t()), a, rstd)
+            da = grads.rmsnorm_matmul_da(a, b, dc, rstd)
         if need_b:
             db = torch.mm((x_hat if x_hat.shape[0] else grads.run_compiled(grads.rms_x_hat, a, rstd)).t(), dc)
     return (a.new_empty(0) if da is None else da), (b.new_empty(0) if db is None else db)
