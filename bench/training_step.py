@@ -15,7 +15,10 @@ cannot be captured is timed plain for every column, and its ``timer`` column say
   (when liger-kernel is installed);
 * ``fused``, ``fused_compiled``: this package's module, eager and under ``torch.compile``.
 
-Also: peak memory of one step (fused vs compiled), the share of the norm's cost removed,
+Also: peak memory of one step above what was allocated before it (``fused_peak_mib``: the
+module eager, ``fused_compiled_peak_mib``: under ``torch.compile``, ``compiled_peak_mib``: the
+compiled pair; an eager autograd node keeps what it saved until its whole backward returns,
+a compiled backward frees each saved tensor after its last use), the share of the norm's cost removed,
 ``(compiled - fused) / (compiled - gemms)``, and each output gradient checked against the
 compiled pair's.
 
@@ -183,6 +186,7 @@ def bench_row(layer: str, m: int, k: int, n: int, timer: str = "plain", bias: bo
     repeated, row["timer"] = _time_all(steps, timer, repeats)
     row.update({f"{name}_ms": statistics.median(ts) for name, ts in repeated.items()})
     row["fused_peak_mib"] = _peak_mib(steps["fused"])
+    row["fused_compiled_peak_mib"] = _peak_mib(steps["fused_compiled"])
     row["compiled_peak_mib"] = _peak_mib(steps["compiled"])
     best = min(row["fused_ms"], row["fused_compiled_ms"])
     norm_cost = row["compiled_ms"] - row["gemms_ms"]

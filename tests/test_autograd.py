@@ -333,8 +333,11 @@ def test_prenorm_training_compiles_once_for_every_m(fused, monkeypatch):
         first = first or counter.frame_count
         ref = {k: t.detach().double().requires_grad_() for k, t in (("a", x), ("b", b))}
         (F.rms_norm(ref["a"], (48,), None, EPS) @ ref["b"]).square().sum().backward()
-        for key, leaf in (("a", x), ("b", b)):
-            torch.testing.assert_close(leaf.grad.double(), ref[key].grad, rtol=1e-4, atol=1e-4, msg=key)
+        for key, leaf in (("a", x), ("b", b)):  # fp32's tolerance: a GPU kernel's tl.dot runs in TF32
+            try:
+                check_outputs(leaf.grad, ref[key].grad, torch.float32, tolerance=GRAD_TOLERANCE[torch.float32])
+            except AssertionError as err:
+                raise AssertionError(f"M = {m}, gradient of {key}: {err}") from None
         b.grad = None
     assert counter.frame_count == first  # what the first M compiled served every other M
 
@@ -373,7 +376,7 @@ def test_prenorm_keeps_no_x_hat_for_a_frozen_weight():
     c.sum().backward()
     ref = x["a"].detach().double().requires_grad_()
     (F.rms_norm(ref, (24,), None, EPS) @ x["b"].detach().double()).sum().backward()
-    torch.testing.assert_close(x["a"].grad.double(), ref.grad, rtol=1e-4, atol=1e-5)
+    check_outputs(x["a"].grad, ref.grad, torch.float32, tolerance=GRAD_TOLERANCE[torch.float32])
 
 
 # --- gradcheck of the backward formulas (float64, any machine) ---------------------------
