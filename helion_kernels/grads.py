@@ -118,9 +118,28 @@ def param_grad(value: torch.Tensor | None, param: torch.Tensor | None, needed: b
     return value.reshape(param.shape).to(param.dtype)
 
 
+def column_major(b: torch.Tensor) -> bool:
+    """Whether ``b`` [K, N] is the transposed view of a row-major [N, K] tensor (an
+    ``nn.Linear`` weight passed as ``W.t()``) and not also row-major itself."""
+    return b.dim() == 2 and not b.is_contiguous() and b.t().is_contiguous()
+
+
+def wgrad(x: torch.Tensor, dc: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``dB = x^T @ dc`` [K, N] of ``c = x @ b``, laid out as ``b``: for a column-major ``b``
+    (``W.t()``) the GEMM writes W's gradient [N, K] row-major and returns its transposed view,
+    as torch's own mm backward does, so autograd accumulates it into W without a transposing
+    copy."""
+    return torch.mm(dc.t(), x).t() if column_major(b) else torch.mm(x.t(), dc)
+
+
+def empty_like_layout(b: torch.Tensor) -> torch.Tensor:
+    """An empty tensor of ``b``'s shape with :func:`wgrad`'s layout for ``b`` (custom ops' fakes)."""
+    return b.new_empty(b.shape[::-1]).t() if column_major(b) else b.new_empty(b.shape)
+
+
 def matmul_grads(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, need_a: bool = True, need_b: bool = True):
-    """(dA, dB) of ``c = a @ b``."""
-    return (torch.mm(dc, b.t()) if need_a else None, torch.mm(a.t(), dc) if need_b else None)
+    """(dA, dB) of ``c = a @ b``; dB laid out as ``b`` (:func:`wgrad`)."""
+    return (torch.mm(dc, b.t()) if need_a else None, wgrad(a, dc, b) if need_b else None)
 
 
 def rms_row_backward(dx_hat: torch.Tensor, x_hat: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
@@ -192,7 +211,7 @@ def kept_x_hat_grads(a, b, rstd, x_hat, dc, need_a: bool = True, need_b: bool = 
     (:func:`rmsnorm_matmul_da`), and the cuBLAS wgrad on the kept ``x_hat``: one [M, K] write
     less than :func:`rmsnorm_matmul_grads`."""
     da = rmsnorm_matmul_da(a, b, dc, rstd) if need_a else None
-    db = torch.mm(x_hat.t(), dc) if need_b else None
+    db = wgrad(x_hat, dc, b) if need_b else None
     return da, db
 
 
@@ -203,7 +222,7 @@ def rmsnorm_matmul_grads(a, b, rstd, dc, need_a: bool = True, need_b: bool = Tru
     if need_a:
         da, x_hat = rmsnorm_matmul_dgrad(a, b, dc, rstd)
     if need_b:
-        db = torch.mm((run_compiled(rms_x_hat, a, rstd) if x_hat is None else x_hat).t(), dc)
+        db = wgrad(run_compiled(rms_x_hat, a, rstd) if x_hat is None else x_hat, dc, b)
     return da, db
 
 
@@ -221,19 +240,21 @@ def postnorm_stats(c: torch.Tensor, kind: str, eps: float):
     return None, rms_rstd(c32, eps)
 
 
-def postnorm_row_backward(dy, c, mean, rstd, weight, need_weight: bool = True, need_bias: bool = False,
-                          need_c_sum: bool = False):
-    """(dc in ``c.dtype``, dweight fp32 [N] or None, dbias fp32 [N] or None, the fp32 column
-    sum of dc [N] or None) of ``y = norm(c) * weight + bias`` over the rows of ``c`` [M, N],
-    from the forward's fp32 ``mean`` (None: RMSNorm) and ``rstd``; ``weight`` None: no affine
-    weight. The column sum of dc is the gradient of a Linear bias added into ``c``."""
+def postnorm_row_backward(dy, c, mean, rstd, weight, dweight_dtype: torch.dtype | None = None,
+                          dbias_dtype: torch.dtype | None = None, dc_sum_dtype: torch.dtype | None = None):
+    """(dc in ``c.dtype``, dweight [N], dbias [N], the column sum of dc [N]) of
+    ``y = norm(c) * weight + bias`` over the rows of ``c`` [M, N], from the forward's fp32
+    ``mean`` (None: RMSNorm) and ``rstd``; ``weight`` None: no affine weight. The column sum of
+    dc is the gradient of a Linear bias added into ``c``. The last three are summed in fp32
+    and returned in their ``*_dtype`` (the parameter's: the cast is part of this one compiled
+    pass, not a kernel of its own after it); None where that dtype is None (not needed)."""
     dy32 = _f32(dy)
     x_hat = (_f32(c) if mean is None else _f32(c) - mean[:, None]) * rstd[:, None]
     g = dy32 if weight is None else dy32 * _f32(weight)
     dc = (rms_row_backward if mean is None else layer_row_backward)(g, x_hat, rstd)
-    dweight = (dy32 * x_hat).sum(dim=0) if need_weight and weight is not None else None
-    dbias = dy32.sum(dim=0) if need_bias else None
-    return dc.to(c.dtype), dweight, dbias, dc.sum(dim=0) if need_c_sum else None
+    dweight = (dy32 * x_hat).sum(dim=0).to(dweight_dtype) if dweight_dtype is not None and weight is not None else None
+    dbias = dy32.sum(dim=0).to(dbias_dtype) if dbias_dtype is not None else None
+    return dc.to(c.dtype), dweight, dbias, dc.sum(dim=0).to(dc_sum_dtype) if dc_sum_dtype is not None else None
 
 
 def postnorm_grads(kind: str, a, b, weight, bias, eps: float, dy, needs: tuple[bool, ...],
@@ -258,18 +279,20 @@ def postnorm_grads(kind: str, a, b, weight, bias, eps: float, dy, needs: tuple[b
         c, mean, rstd = saved
     linear_bias_dtype, residual_dtype = addend_dtypes
     need_linear_bias = needs[4] and linear_bias_dtype is not None
-    dc, dweight, dbias, dc_sum = run_compiled(postnorm_row_backward, dy, c, mean, rstd, weight, needs[2],
-                                              needs[3] and bias is not None, need_linear_bias)
+    dc, dweight, dbias, dc_sum = run_compiled(
+        postnorm_row_backward, dy, c, mean, rstd, weight,
+        weight.dtype if needs[2] and weight is not None else None,
+        bias.dtype if needs[3] and bias is not None else None,
+        linear_bias_dtype if need_linear_bias else None)
     da, db = matmul_grads(a, b, dc, needs[0], needs[1])
     dresidual = dc.to(residual_dtype) if needs[5] and residual_dtype is not None else None
-    return (da, db, param_grad(dweight, weight, needs[2]), param_grad(dbias, bias, needs[3]),
-            dc_sum.to(linear_bias_dtype) if need_linear_bias else None, dresidual)
+    return (da, db, param_grad(dweight, weight, needs[2]), param_grad(dbias, bias, needs[3]), dc_sum, dresidual)
 
 
 def deferred_grads(a, b, c, x, rstd, dout, needs: tuple[bool, bool, bool]):
     """(dA, dB, dC) of ``out = rms_norm(a @ b) @ c`` (the norm weight folded into ``c``), from
     the forward's ``x = a @ b`` (input dtype) and fp32 ``rstd``."""
-    dc = torch.mm(run_compiled(rms_x_hat, x, rstd).t(), dout) if needs[2] else None
+    dc = wgrad(run_compiled(rms_x_hat, x, rstd), dout, c) if needs[2] else None
     da = db = None
     if needs[0] or needs[1]:
         dx = rmsnorm_matmul_da(x, c, dout, rstd)

@@ -267,6 +267,10 @@ def _opcheck_cases():
         # a column-major a (a transposed activation): x_hat is built from the contiguous copy
         ("rmsnorm_matmul_unfused_column_major_a", prenorm._OP, (a.t().contiguous().t(), b, EPS, False)),
         ("rmsnorm_matmul_unfused_no_columns", prenorm._OP, (a, b[:, :0], EPS, None)),
+        # b = W.t() (a Linear weight): dB comes back laid out as b, W's gradient row-major
+        ("rmsnorm_matmul_column_major_b", prenorm._OP, (a, wt.t(), EPS, None)),
+        ("rmsnorm_matmul_unfused_column_major_b", prenorm._OP, (a, wt.t(), EPS, False)),
+        ("matmul_rmsnorm_matmul_column_major_b", split_n._DEFERRED, (a, wt.t(), c, EPS, False)),
         ("matmul_layernorm_split_n", split_n._LAYERNORM, (a, b, w, bias, EPS, None)),
         ("matmul_rmsnorm_matmul", split_n._DEFERRED, (a, b, c, EPS, True)),
         ("matmul_rmsnorm_matmul_unfused", split_n._DEFERRED, (a, b, c, EPS, False)),

@@ -196,6 +196,25 @@ def test_refuses_a_0d_input_and_a_non_tensor(module):
 
 
 @ON_DEVICE
+@pytest.mark.parametrize("kind", KINDS)
+def test_linear_weight_gradient_arrives_in_its_layout(kind):
+    """The Linear weight W [N, K] enters the ops as ``W.t()``; its gradient reaches W row-major
+    (computed as ``dc^T @ x``, as torch's mm backward does), so autograd accumulates it
+    without a transposing copy, and equals the pair's."""
+    pair = _pair(kind, 24, 20, False, 1e-5, torch.float32, seed=6)
+    module = _module(kind, copy.deepcopy(pair))
+    weight = module.linear.weight
+    arrived = []
+    weight.register_hook(lambda g: arrived.append(g.is_contiguous()))
+    x = torch.randn(7, 24, device=DEVICE)
+    module(x).square().sum().backward()
+    pair(x).square().sum().backward()
+    assert arrived == [True]
+    check_outputs(weight.grad, pair[1 if kind == "RMSNormLinear" else 0].weight.grad, torch.float32,
+                  tolerance=GRAD_TOLERANCE[torch.float32])
+
+
+@ON_DEVICE
 def test_shares_the_pairs_parameters():
     norm, linear = nn.RMSNorm(8), nn.Linear(8, 4)
     module = RMSNormLinear.from_modules(norm, linear)

@@ -123,7 +123,8 @@ _DGRAD = Op("rmsnorm_matmul_backward", _dgrad, _dgrad_fake)
 
 def _grads(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, rstd: torch.Tensor, x_hat: torch.Tensor,
            fused: bool | None, need_a: bool, need_b: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dA, dB) of ``c = (a * rstd[:, None]) @ b``, each [0] where not needed, contiguous.
+    """(dA, dB) of ``c = (a * rstd[:, None]) @ b``, each [0] where not needed; dA contiguous, dB laid
+    out as ``b`` (:func:`~helion_kernels.grads.wgrad`: W's gradient row-major for ``b = W.t()``).
 
     With the unfused forward's ``x_hat`` kept (M rows): the cuBLAS dgrad, one compiled pass
     writing only dA, the cuBLAS wgrad on ``x_hat``. Without (the fused forward, or dB not
@@ -140,13 +141,13 @@ def _grads(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, rstd: torch.Tenso
         elif need_a:
             da = grads.rmsnorm_matmul_da(a, b, dc, rstd)
         if need_b:
-            db = torch.mm((x_hat if x_hat.shape[0] else grads.run_compiled(grads.rms_x_hat, a, rstd)).t(), dc)
+            db = grads.wgrad(x_hat if x_hat.shape[0] else grads.run_compiled(grads.rms_x_hat, a, rstd), dc, b)
     return (a.new_empty(0) if da is None else da), (b.new_empty(0) if db is None else db)
 
 
 def _grads_fake(a, b, dc, rstd, x_hat, fused, need_a, need_b):
     return (a.new_empty(a.shape) if need_a else a.new_empty(0),
-            b.new_empty(b.shape) if need_b else b.new_empty(0))
+            grads.empty_like_layout(b) if need_b else b.new_empty(0))
 
 
 _GRADS = Op("rmsnorm_matmul_grads", _grads, _grads_fake)
@@ -214,7 +215,7 @@ def _backward_given_rstd(ctx, dc):
     if need_a or need_rstd:
         da, drstd = grads.run_compiled(grads.given_rstd_dgrad, grads.mm_fp32(dc, b.t()), a, rstd)
     if need_b:
-        db = torch.mm(grads.run_compiled(grads.rms_x_hat, a, rstd).t(), dc)
+        db = grads.wgrad(grads.run_compiled(grads.rms_x_hat, a, rstd), dc, b)
     return (da if need_a else None), db, (drstd if need_rstd else None), None
 
 
