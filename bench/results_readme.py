@@ -32,7 +32,8 @@ HIDDEN = {"dtype", "helion_matmul_config", "byte_floor_ms", "flop_floor_ms", "ba
 @dataclasses.dataclass(frozen=True)
 class Headline:
     """One technique's line: ``text`` with ``{name}`` fields filled by ``ranges`` (name ->
-    (csv stems, column, row filter or None)), each rendered as min-max over the rows."""
+    a column, or a pandas ``eval`` expression of columns, or (either, a row filter)), each
+    rendered as min-max over the rows of the csv ``stems``."""
 
     technique: str
     stems: tuple[str, ...]
@@ -107,8 +108,10 @@ HEADLINES = [
     Headline(
         "Training step, CUDA-graph replay (GPU time alone)", ("training_step_training_graph",),
         "{speedup}x the speed of torch.compile of the PyTorch pair, every column replayed as a CUDA graph; "
-        "{share}% of the norm's cost removed ({rows} rows)",
-        {"speedup": "speedup_vs_compiled", "share": "norm_share_removed_pct"}),
+        "{share}% of the norm's cost removed; the module's peak memory under torch.compile {memory}x the "
+        "compiled pair's, eager {eager_memory}x ({rows} rows)",
+        {"speedup": "speedup_vs_compiled", "share": "norm_share_removed_pct",
+         "memory": "fused_compiled_peak_mib / compiled_peak_mib", "eager_memory": "fused_peak_mib / compiled_peak_mib"}),
 ]
 
 
@@ -142,7 +145,8 @@ def headline(h: Headline, gpu: str) -> str:
     fields = {"rows": len(df)}
     for name, spec in h.ranges.items():
         column, query = spec if isinstance(spec, tuple) else (spec, None)
-        fields[name] = _range((df.query(query) if query else df)[column])
+        rows = df.query(query) if query else df
+        fields[name] = _range(rows[column] if column in rows.columns else rows.eval(column))
     files = ", ".join(f"`{gpu}/{stem}.md`" for stem in h.stems)
     return f"- **{h.technique}**: {h.text.format(**fields)}. Files: {files}."
 
