@@ -186,10 +186,20 @@ def prenorm_norm_backward(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Ten
     return rms_row_backward(_f32(dx_hat), x_hat, rstd).to(a.dtype), x_hat.to(a.dtype)
 
 
+def _prenorm_norm_backward_into(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor):
+    """:func:`prenorm_norm_backward` with dA written over ``dx_hat`` (same dtype as ``a``)."""
+    da, x_hat = prenorm_norm_backward(dx_hat, a, rstd)
+    return dx_hat.copy_(da), x_hat
+
+
 def rmsnorm_matmul_dgrad(a, b, dc, rstd):
     """(da, x_hat) of ``c = (a * rstd[:, None]) @ b``, unfused: the dgrad GEMM (cuBLAS), then
-    the norm's backward as one pass (inductor-compiled on CUDA)."""
-    return run_compiled(prenorm_norm_backward, torch.mm(dc, b.t()), a, rstd)
+    the norm's backward as one pass (inductor-compiled on CUDA), which writes dA over the
+    GEMM's output ``dx_hat`` (:func:`dgrad_in_place`)."""
+    dx_hat = torch.mm(dc, b.t())
+    if dgrad_in_place(dx_hat, a):
+        return run_compiled(_prenorm_norm_backward_into, dx_hat, a, rstd)
+    return run_compiled(prenorm_norm_backward, dx_hat, a, rstd)
 
 
 def prenorm_da(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
@@ -198,10 +208,26 @@ def prenorm_da(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor) -> tor
     return rms_row_backward(_f32(dx_hat), _f32(a) * rstd[:, None], rstd).to(a.dtype)
 
 
+def _prenorm_da_into(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """:func:`prenorm_da` written over ``dx_hat`` (same dtype as ``a``)."""
+    return dx_hat.copy_(prenorm_da(dx_hat, a, rstd))
+
+
+def dgrad_in_place(dx_hat: torch.Tensor, a: torch.Tensor) -> bool:
+    """Whether the norm's backward writes dA over the dgrad GEMM's output ``dx_hat`` [M, K],
+    which nothing reads after it: when their dtypes and shapes agree. Each row's statistic is
+    read before its elements are written, and inductor stores into the mutated input's buffer
+    (one kernel, no copy; checked in its output code). It saves an [M, K] allocation at the
+    backward's peak: ``a``, ``x_hat``, ``dx_hat`` and dA were live together."""
+    return dx_hat.dtype == a.dtype and dx_hat.shape == a.shape and dx_hat.is_contiguous()
+
+
 def rmsnorm_matmul_da(a, b, dc, rstd):
     """dA alone of ``c = (a * rstd[:, None]) @ b``, unfused: :func:`rmsnorm_matmul_dgrad`
-    without writing ``x_hat`` (the dgrad GEMM, then one compiled pass, :func:`prenorm_da`)."""
-    return run_compiled(prenorm_da, torch.mm(dc, b.t()), a, rstd)
+    without writing ``x_hat`` (the dgrad GEMM, then one compiled pass, :func:`prenorm_da`,
+    writing dA over ``dx_hat``: :func:`dgrad_in_place`)."""
+    dx_hat = torch.mm(dc, b.t())
+    return run_compiled(_prenorm_da_into if dgrad_in_place(dx_hat, a) else prenorm_da, dx_hat, a, rstd)
 
 
 def kept_x_hat_grads(a, b, rstd, x_hat, dc, need_a: bool = True, need_b: bool = True):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
@@ -74,3 +75,57 @@ def test_call_compiled_holds_more_graphs_than_dynamos_default():
         grads.call_compiled(compiled, (torch.randn(4, n), torch.randn(n), 1e-5))
     assert counters["stats"]["unique_graphs"] == 12  # without the raised limit: 8
     torch._dynamo.reset()
+
+
+class _MmOutputs(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the storage of every ``aten.mm`` output."""
+
+    def __init__(self):
+        super().__init__()
+        self.ptrs = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.mm.default:
+            self.ptrs.append(out.data_ptr())
+        return out
+
+
+def _prenorm_inputs(m=9, k=24, n=20, device="cpu", dtype=torch.float32):
+    gen = torch.Generator().manual_seed(3)
+    a, b, dc = (torch.randn(*shape, generator=gen).to(device, dtype) for shape in ((m, k), (k, n), (m, n)))
+    return a, b, dc, (torch.rand(m, generator=gen) + 0.5).to(device)
+
+
+def test_unfused_prenorm_norm_backward_writes_da_over_dx_hat():
+    """The unfused pre-norm dgrad writes dA into the dgrad GEMM's output (the [M, K] ``dx_hat``
+    nothing reads after it), with and without ``x_hat``, and the values are the out-of-place
+    pass's; a dtype that differs from ``a``'s (``dx_hat`` in fp32) takes the out-of-place pass."""
+    a, b, dc, rstd = _prenorm_inputs()
+    expected = grads.prenorm_da(dc @ b.t(), a, rstd)
+    for fn in (grads.rmsnorm_matmul_da, lambda *args: grads.rmsnorm_matmul_dgrad(*args)[0]):
+        with _MmOutputs() as mm:
+            da = fn(a, b, dc, rstd)
+        assert da.data_ptr() == mm.ptrs[0]
+        torch.testing.assert_close(da, expected)
+    assert not grads.dgrad_in_place(torch.empty(9, 24), a.to(torch.bfloat16))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fn", ["rmsnorm_matmul_da", "rmsnorm_matmul_dgrad"])
+def test_inductor_writes_da_in_place(fn):
+    """On a GPU the pass is inductor's: it stores dA into ``dx_hat``'s buffer rather than a
+    new one and a copy, so the call's peak is ``dx_hat`` (plus ``x_hat`` for the dgrad), not one
+    [M, K] more."""
+    m, k = 4096, 1024
+    a, b, dc, rstd = _prenorm_inputs(m, k, 512, device="cuda", dtype=torch.bfloat16)
+    call = getattr(grads, fn)
+    call(a, b, dc, rstd)  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out = call(a, b, dc, rstd)
+    torch.cuda.synchronize()
+    tensors = 1 if fn == "rmsnorm_matmul_da" else 2
+    assert torch.cuda.max_memory_allocated() - base < (tensors + 0.5) * m * k * a.element_size()
+    del out
