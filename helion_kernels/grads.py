@@ -195,11 +195,8 @@ def _prenorm_norm_backward_into(dx_hat: torch.Tensor, a: torch.Tensor, rstd: tor
 def rmsnorm_matmul_dgrad(a, b, dc, rstd):
     """(da, x_hat) of ``c = (a * rstd[:, None]) @ b``, unfused: the dgrad GEMM (cuBLAS), then
     the norm's backward as one pass (inductor-compiled on CUDA), which writes dA over the
-    GEMM's output ``dx_hat`` (:func:`dgrad_in_place`)."""
-    dx_hat = torch.mm(dc, b.t())
-    if dgrad_in_place(dx_hat, a):
-        return run_compiled(_prenorm_norm_backward_into, dx_hat, a, rstd)
-    return run_compiled(prenorm_norm_backward, dx_hat, a, rstd)
+    GEMM's output ``dx_hat`` (:func:`_dgrad_then`)."""
+    return _dgrad_then(prenorm_norm_backward, _prenorm_norm_backward_into, a, b, dc, rstd)
 
 
 def prenorm_da(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
@@ -214,20 +211,28 @@ def _prenorm_da_into(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor) 
 
 
 def dgrad_in_place(dx_hat: torch.Tensor, a: torch.Tensor) -> bool:
-    """Whether the norm's backward writes dA over the dgrad GEMM's output ``dx_hat`` [M, K],
-    which nothing reads after it: when their dtypes and shapes agree. Each row's statistic is
-    read before its elements are written, and inductor stores into the mutated input's buffer
-    (one kernel, no copy; checked in its output code). It saves an [M, K] allocation at the
-    backward's peak: ``a``, ``x_hat``, ``dx_hat`` and dA were live together."""
-    return dx_hat.dtype == a.dtype and dx_hat.shape == a.shape and dx_hat.is_contiguous()
+    """Whether the norm's backward writes dA over the dgrad GEMM's output ``dx_hat`` [M, K]
+    (a new contiguous tensor of ``a``'s shape, which nothing reads after it): when it has dA's
+    dtype, ``a``'s. Each row's statistic is read before its elements are written, and inductor
+    stores into the mutated input's buffer (one kernel, no copy; checked in its output code).
+    It saves an [M, K] allocation at the backward's peak: ``a``, ``x_hat``, ``dx_hat`` and dA
+    were live together."""
+    return dx_hat.dtype == a.dtype
+
+
+def _dgrad_then(norm_pass, norm_pass_into, a, b, dc, rstd):
+    """The dgrad GEMM ``dx_hat = dc @ b^T`` (cuBLAS), then one compiled norm pass over it:
+    ``norm_pass_into`` (dA written over ``dx_hat``) where :func:`dgrad_in_place`, else
+    ``norm_pass``."""
+    dx_hat = torch.mm(dc, b.t())
+    return run_compiled(norm_pass_into if dgrad_in_place(dx_hat, a) else norm_pass, dx_hat, a, rstd)
 
 
 def rmsnorm_matmul_da(a, b, dc, rstd):
     """dA alone of ``c = (a * rstd[:, None]) @ b``, unfused: :func:`rmsnorm_matmul_dgrad`
     without writing ``x_hat`` (the dgrad GEMM, then one compiled pass, :func:`prenorm_da`,
-    writing dA over ``dx_hat``: :func:`dgrad_in_place`)."""
-    dx_hat = torch.mm(dc, b.t())
-    return run_compiled(_prenorm_da_into if dgrad_in_place(dx_hat, a) else prenorm_da, dx_hat, a, rstd)
+    writing dA over ``dx_hat``: :func:`_dgrad_then`)."""
+    return _dgrad_then(prenorm_da, _prenorm_da_into, a, b, dc, rstd)
 
 
 def kept_x_hat_grads(a, b, rstd, x_hat, dc, need_a: bool = True, need_b: bool = True):

@@ -41,24 +41,19 @@ def _op_cases():
     """(id, custom op, positional args of the op)."""
     a, b, c, w, bias = _gemm_inputs()
     q, k, v, qo, ko, (lw, lb, rw) = _jagged_inputs()
+    # the pre-norm ops' rstd, the backward ops' output gradient and "no kept x_hat"
+    dc, rstd = torch.randn(a.shape[0], b.shape[1], device=DEVICE), torch.rand(a.shape[0], device=DEVICE) + 0.5
+    no_x_hat = a.new_empty(0, a.shape[1])
     return [
         ("matmul", gemm._OP, (a, b)),
         ("rmsnorm_matmul", prenorm._OP, (a, b.t().contiguous().t(), 1e-5, None)),
-        ("rmsnorm_matmul_given_rstd", prenorm._GIVEN_RSTD,
-         (a, b.t().contiguous().t(), torch.rand(a.shape[0], device=DEVICE) + 0.5, None)),
-        ("rmsnorm_matmul_given_rstd_unfused", prenorm._GIVEN_RSTD,
-         (a, b, torch.rand(a.shape[0], device=DEVICE) + 0.5, False)),
-        ("rmsnorm_matmul_grads_kept_x_hat", prenorm._GRADS,
-         (a, b, torch.randn(a.shape[0], b.shape[1], device=DEVICE), torch.rand(a.shape[0], device=DEVICE) + 0.5,
-          torch.randn_like(a), None, True, True)),
+        ("rmsnorm_matmul_given_rstd", prenorm._GIVEN_RSTD, (a, b.t().contiguous().t(), rstd, None)),
+        ("rmsnorm_matmul_given_rstd_unfused", prenorm._GIVEN_RSTD, (a, b, rstd, False)),
+        ("rmsnorm_matmul_grads_kept_x_hat", prenorm._GRADS, (a, b, dc, rstd, torch.randn_like(a), None, True, True)),
         ("rmsnorm_matmul_grads_column_major_b", prenorm._GRADS,
-         (a, b.t().contiguous().t(), torch.randn(a.shape[0], b.shape[1], device=DEVICE),
-          torch.rand(a.shape[0], device=DEVICE) + 0.5, a.new_empty(0, a.shape[1]), False, True, True)),
-        ("rmsnorm_matmul_grads_dgrad_only", prenorm._GRADS,
-         (a, b, torch.randn(a.shape[0], b.shape[1], device=DEVICE), torch.rand(a.shape[0], device=DEVICE) + 0.5,
-          a.new_empty(0, a.shape[1]), False, True, False)),
-        ("rmsnorm_matmul_backward", prenorm._DGRAD, (a, b, torch.randn(a.shape[0], b.shape[1], device=DEVICE),
-                                                     torch.rand(a.shape[0], device=DEVICE) + 0.5, True)),
+         (a, b.t().contiguous().t(), dc, rstd, no_x_hat, False, True, True)),
+        ("rmsnorm_matmul_grads_dgrad_only", prenorm._GRADS, (a, b, dc, rstd, no_x_hat, False, True, False)),
+        ("rmsnorm_matmul_backward", prenorm._DGRAD, (a, b, dc, rstd, True)),
         ("matmul_layernorm", postnorm._LAYERNORM, (a, b, w, bias, 1e-5, True, None, False, None, None)),
         ("matmul_layernorm_unfused", postnorm._LAYERNORM, (a, b, w, None, 1e-5, False, False, False, None, None)),
         ("matmul_layernorm_kept", postnorm._LAYERNORM, (a, b, w, bias, 1e-5, False, True, True, None, None)),
