@@ -11,6 +11,14 @@ has a row for, keeping the entry's config and every other entry of the file.
     python bench/dispatch_from_bench.py --kernel matmul_layernorm_split_n \\
         --csv bench/results/nvidia_h200_sm90/matmul_layernorm_split_n_postnorm_split_n.csv
 
+With ``--training`` it reads the table of ``bench/postnorm_training_forward.py`` (the full-row
+ops' forward as autograd records it, writing the norm's input for the backward) and rewrites
+the entries' ``dispatch_training`` record instead, which the ops follow when autograd records
+the call::
+
+    python bench/dispatch_from_bench.py --training --kernel matmul_layernorm \
+        --csv bench/results/nvidia_h200_sm90/matmul_layernorm_training_forward_postnorm_fullrow.csv
+
 It writes the checkout's committed registry (``configs/``) unless ``--registry`` names another
 root. Rows without an entry, rows whose fused kernel failed its check, rows with a missing
 time and rows whose entry was tuned after the benchmark ran (it timed the previous config) are
@@ -36,6 +44,7 @@ from helion_kernels import registry, tuning
 from helion_kernels.kernels import get_spec
 
 ROOT = Path(__file__).resolve().parent.parent
+TRAINING_COLUMN = "forward_fused_ms"  # only bench/postnorm_training_forward.py's tables have it
 
 
 def decisions(frame: pd.DataFrame, kernel: str) -> pd.DataFrame:
@@ -84,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", default=None, help="registry GPU key (default: the CSV's folder name)")
     parser.add_argument("--registry", type=Path, default=ROOT / "configs",
                         help="registry root to rewrite (default: the checkout's configs/)")
+    parser.add_argument("--training", action="store_true",
+                        help=f"the CSV is bench/postnorm_training_forward.py's: write the entries' "
+                             f"{registry.TRAINING_DISPATCH} record, not their forward dispatch")
     args = parser.parse_args(argv)
 
     try:
@@ -91,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         raise SystemExit(str(err)) from None
     frame = pd.read_csv(args.csv)
+    if args.training and TRAINING_COLUMN not in frame.columns:
+        raise SystemExit(f"{args.csv} is not a table of bench/postnorm_training_forward.py, which --training reads")
+    if not args.training and TRAINING_COLUMN in frame.columns:
+        raise SystemExit(f"{args.csv} is a table of bench/postnorm_training_forward.py: pass --training")
+    field = registry.TRAINING_DISPATCH if args.training else "dispatch"
     table = decisions(frame, args.kernel)  # the kernel and the CSV's columns checked first
 
     gpu = args.gpu or args.csv.resolve().parent.name
@@ -122,14 +139,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipped {key}: the entry was tuned ({tuned}) after this benchmark ran ({when}), which "
                   "timed the previous config; the entry keeps its tuning's decision (re-run the benchmark)")
             continue
-        old = entry.meta.get("dispatch", {})
+        old = entry.meta.get(field, {})
         record = {**row.record, "source": source}
-        registry.save_entry(args.kernel, gpu, dataclasses.replace(entry, meta={**entry.meta, "dispatch": record}))
+        registry.save_entry(args.kernel, gpu, dataclasses.replace(entry, meta={**entry.meta, field: record}))
         recorded += 1
         before = registry.dispatch_text(old) if old else "-"
         times = ", ".join(f"{name} {ms:.4g}" for name, ms in record.get("unfused_timed_ms",
                                                                        {record["unfused"]: record["unfused_ms"]}).items())
-        print(f"{'x'.join(map(str, key[:3]))} {key[3]}: {before} -> {registry.dispatch_text(record)} "
+        print(f"{'x'.join(map(str, key[:3]))} {key[3]}{' training' if args.training else ''}: {before} -> {registry.dispatch_text(record)} "
               f"(fused {record['fused_ms']:.4g} ms; {times} ms; margin {record['margin']})")
     print(f"{recorded} record(s) written to {path}")
     return 0 if recorded else 1

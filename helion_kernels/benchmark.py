@@ -385,4 +385,6 @@ def _dispatch(spec: KernelSpec, shape, dtype: torch.dtype, found: registry.Looku
         return f"unfused (N > {limit})"
     if found.entry is None:
         return "unfused (no entry)"
-    return registry.dispatch_text(found.entry.meta.get("dispatch", {}))
+    text = registry.dispatch_text(found.entry.meta.get("dispatch", {}))
+    training = found.entry.meta.get(registry.TRAINING_DISPATCH)
+    return text if training is None else f"{text}; training: {registry.dispatch_text(training)}"

@@ -65,6 +65,10 @@ FORMAT_VERSION = 1
 ENV_CONFIG_DIR = "HELION_KERNELS_CONFIG_DIR"
 WORKLOAD_FOLDERS = ("workloads", "attention_workloads")
 DTYPE_NAMES = ("bfloat16", "float16", "float32")  # the dtypes the ops take and entries are tuned at
+# An entry's dispatch decision for training calls (the forward also writes what the backward
+# needs), beside its forward ``dispatch`` record; same fields. Written by
+# bench/dispatch_from_bench.py --training from bench/postnorm_training_forward.py's table.
+TRAINING_DISPATCH = "dispatch_training"
 
 
 def _positive_int(value) -> bool:

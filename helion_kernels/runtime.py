@@ -222,21 +222,27 @@ class _Decision:
 ALTERNATIVE_PIPELINE_REACH = 1.0
 
 
-def _decision(spec: KernelSpec, args: tuple) -> _Decision:
+def _decision(spec: KernelSpec, args: tuple, training: bool = False) -> _Decision:
     """The registry's decision for a call of ``spec`` (exact or nearest entry, cached per
-    key, dtype and GPU), where an alternative unfused pipeline the entry names is checked
-    against this machine: Liger's norm (:mod:`.liger_norm`) only where it can run here
-    and the entry is within :data:`ALTERNATIVE_PIPELINE_REACH`; else the spec's
+    key, dtype, GPU and ``training``), where an alternative unfused pipeline the entry names
+    is checked against this machine: Liger's norm (:mod:`.liger_norm`) only where it can run
+    here and the entry is within :data:`ALTERNATIVE_PIPELINE_REACH`; else the spec's
     ``dispatch_baseline``, with the fused-or-unfused choice taken again against that
-    pipeline's recorded time (the entry's margin), where it was timed."""
+    pipeline's recorded time (the entry's margin), where it was timed.
+
+    ``training``: the call also writes what its backward needs; the entry's
+    :data:`~.registry.TRAINING_DISPATCH` record decides where it has one (measured with
+    those writes), else its forward ``dispatch`` record."""
     a = args[0]
     key = spec.key_of(args)
     dtype, gpu = registry.dtype_name(a.dtype), registry.gpu_key(a.device)
-    cache_key = (spec.name, key, dtype, gpu)
+    cache_key = (spec.name, key, dtype, gpu, training)
     if cache_key not in _FUSED_CHOICE:
         found = registry.lookup(spec.name, key, dtype, gpu, warn=False)
         entry = found.entry
-        record = {} if entry is None else entry.meta.get("dispatch", {})
+        meta = {} if entry is None else entry.meta
+        record = meta.get(registry.TRAINING_DISPATCH) if training else None
+        record = record if record is not None else meta.get("dispatch", {})
         fused, pipeline = record.get("choice") == "fused", record.get("unfused")
         if pipeline is not None and pipeline != spec.dispatch_baseline and not (
                 _alternative_runs(pipeline, a.device, args[1].shape[1])
@@ -255,16 +261,18 @@ def _alternative_runs(pipeline: str, device: torch.device, n: int) -> bool:
     return pipeline == liger_norm.PIPELINE and liger_norm.available(device, n)
 
 
-def fused_choice(spec: KernelSpec, args: tuple) -> bool:
+def fused_choice(spec: KernelSpec, args: tuple, training: bool = False) -> bool:
     """The registry's dispatch decision for a call of ``spec`` (one with a
     ``dispatch_baseline``), read without compiling anything.
 
     True where tuning measured the fused kernel faster than the unfused pipeline at this
     shape, or, for an untuned shape, at the nearest tuned one (a ``ConfigFallbackWarning``
     says so when that one chose unfused; a fused choice warns when the kernel resolves its
-    config); False for a GPU with no entry at all.
+    config); False for a GPU with no entry at all. ``training=True``: the decision measured
+    for a call that also keeps the backward's tensors, where the entry has one (see
+    :func:`_decision`).
     """
-    decision = _decision(spec, args)
+    decision = _decision(spec, args, training)
     followed = decision.followed
     if followed is not None and not decision.fused:
         a = args[0]

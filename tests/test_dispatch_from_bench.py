@@ -155,6 +155,42 @@ def test_a_kernel_without_liger_never_records_it(tmp_path, run):
     assert "unfused_timed_ms" not in record
 
 
+def test_training_table_writes_the_training_records_only(tmp_path, run_script):
+    """``--training`` with bench/postnorm_training_forward.py's table: each row's
+    ``dispatch_training`` record by the same rule; the forward ``dispatch`` records and the
+    configs stay as they were. Each kind of table is refused with the other's flag."""
+    kernel = "matmul_layernorm"
+    registry_file = _copy_registry(tmp_path, kernel)
+    before = _entries(registry_file)
+    flip, keep = (65536, 128, 128, "bfloat16"), (65536, 64, 64, "bfloat16")
+    assert before[flip]["dispatch"]["choice"] == "fused"
+    rows = pd.DataFrame({"M": [flip[0], keep[0]], "K": [flip[1], keep[1]], "N": [flip[2], keep[2]],
+                         "dtype": ["bfloat16"] * 2, "check": ["ok"] * 2, f"{kernel}_ms": [0.022, 0.010],
+                         "cublas+inductor_norm_ms": [0.020, 0.015], "forward_fused_ms": [0.014, 0.007],
+                         "repeats": [3, 3]})
+    csv = tmp_path / "training.csv"
+    rows.to_csv(csv, index=False)
+    argv = ("--kernel", kernel, "--csv", csv, "--gpu", GPU, "--registry", tmp_path)
+
+    refused = run_script(*argv)
+    assert refused.returncode != 0 and "pass --training" in refused.stderr
+    assert _entries(registry_file) == before
+
+    result = run_script("--training", *argv)
+    assert result.returncode == 0, result.stderr
+    assert "65536x128x128 bfloat16 training: - -> unfused" in result.stdout
+    after = _entries(registry_file)
+    assert after[flip][registry.TRAINING_DISPATCH]["choice"] == "unfused"
+    assert after[keep][registry.TRAINING_DISPATCH]["choice"] == "fused"
+    for key, entry in after.items():
+        assert {k: v for k, v in entry.items() if k != registry.TRAINING_DISPATCH} == before[key], key
+
+    forward = tmp_path / "forward.csv"
+    rows.drop(columns="forward_fused_ms").to_csv(forward, index=False)
+    refused = run_script("--training", "--kernel", kernel, "--csv", forward, "--gpu", GPU, "--registry", tmp_path)
+    assert refused.returncode != 0 and "not a table of bench/postnorm_training_forward.py" in refused.stderr
+
+
 def test_refuses_a_kernel_without_a_dispatcher_and_a_wrong_gpu(tmp_path, run, run_script):
     csv = tmp_path / "bench.csv"
     pd.DataFrame({"M": [1], "K": [1], "N": [1], "dtype": ["bfloat16"], "matmul_ms": [1.0]}).to_csv(csv)

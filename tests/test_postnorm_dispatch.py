@@ -425,11 +425,19 @@ INTERP_CONFIG = helion.Config(block_sizes=[16, 16, 16], num_warps=4, num_stages=
 GPU = "cpu"  # registry.gpu_key of a CPU tensor
 
 
-def _save(op: str, shape: Shape, dtype: str, choice: str | None, gpu: str = GPU) -> None:
+def _record(choice: str) -> dict:
+    return {"choice": choice, "fused_ms": 0.01, "unfused_ms": 0.02, "unfused": "cublas+inductor_norm"}
+
+
+def _save(op: str, shape: Shape, dtype: str, choice: str | None, gpu: str = GPU,
+          training: str | None = None) -> None:
+    """An entry with the forward ``dispatch`` record ``choice`` and, given ``training``, a
+    training record (``registry.TRAINING_DISPATCH``) of that choice."""
     meta = {"latency_ms": 0.01}
     if choice is not None:
-        meta["dispatch"] = {"choice": choice, "fused_ms": 0.01, "unfused_ms": 0.02,
-                            "unfused": "cublas+inductor_norm"}
+        meta["dispatch"] = _record(choice)
+    if training is not None:
+        meta[registry.TRAINING_DISPATCH] = _record(training)
     registry.save_entry(op, gpu, Entry(shape, dtype, INTERP_CONFIG, meta))
 
 
@@ -602,3 +610,40 @@ def test_interpreter_odd_shapes_both_paths(op, affine, registry_dir, calls):
         before = len(calls["fused"])
         _check(op, kw, torch.float16)
         assert len(calls["fused"]) - before == (2 if choice == "fused" else 0)
+
+
+@interp
+@pytest.mark.parametrize(("forward", "training"), [("fused", "unfused"), ("unfused", "fused")])
+@pytest.mark.parametrize("op", OPS)
+def test_training_calls_follow_the_training_record(op, forward, training, registry_dir, calls):
+    """An entry with both records: a call autograd records (the forward also writes the norm's
+    input for the backward) takes the training decision, an inference call the forward one."""
+    shape = Shape(20, 32, 64)
+    _save(op, shape, "float16", forward, training=training)
+    spec = SPECS[op]
+    kw = _inputs(op, shape, torch.float16, "cpu", 21)
+    args = _kernel_args(op, kw)
+    assert postnorm.use_fused(spec, args) is (forward == "fused")
+    assert postnorm.use_fused(spec, args, training=True) is (training == "fused")
+    with torch.no_grad():
+        check_outputs(_call(op, kw), _reference(op, kw)[0], torch.float16)
+    assert (calls["fused"], calls["unfused"]) == (([op], []) if forward == "fused" else ([], [(20, 64)]))
+    kw["a"].requires_grad_(True)
+    y = _call(op, kw)
+    check_outputs(y.detach(), _reference(op, {**kw, "a": kw["a"].detach()})[0], torch.float16)
+    fused_calls = [op] * ((forward == "fused") + (training == "fused"))
+    assert calls["fused"] == fused_calls and len(calls["unfused"]) == 2 - len(fused_calls)
+
+
+@interp
+@pytest.mark.parametrize("op", OPS)
+def test_training_without_a_training_record_follows_the_forward_one(op, registry_dir, calls):
+    """An entry measured only in the forward benchmark decides training calls as well."""
+    shape = Shape(20, 32, 64)
+    _save(op, shape, "float16", "fused")
+    kw = _inputs(op, shape, torch.float16, "cpu", 22)
+    assert postnorm.use_fused(SPECS[op], _kernel_args(op, kw), training=True) is True
+    kw["weight"].requires_grad_(True)
+    _call(op, kw).float().sum().backward()
+    assert calls["fused"] == [op] and calls["unfused"] == []
+    assert kw["weight"].grad is not None and torch.isfinite(kw["weight"].grad).all()

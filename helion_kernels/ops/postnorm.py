@@ -20,7 +20,7 @@ from ._op import Op, filled, gemm_operand, records_grad
 _kernels = runtime.LazyModule("helion_kernels.kernels.postnorm_full_row")
 
 
-def use_fused(spec, args: tuple, fused: bool | None = None) -> bool:
+def use_fused(spec, args: tuple, fused: bool | None = None, training: bool = False) -> bool:
     """Whether a full-row post-norm call runs the fused kernel (True) or cuBLAS + the
     inductor norm (False).
 
@@ -28,6 +28,10 @@ def use_fused(spec, args: tuple, fused: bool | None = None) -> bool:
     fused kernel only where tuning measured it faster than ``spec.dispatch_baseline`` at this
     shape (or, for an untuned shape, at the nearest tuned one), never for a GPU with no
     tuned entry, never past :func:`~helion_kernels.kernels.limits.max_full_row_n`.
+    ``training=True`` (autograd records the call, so the kernel also writes the norm's input
+    ``h`` for the backward) follows the entry's training decision where it has one
+    (:data:`~helion_kernels.registry.TRAINING_DISPATCH`, measured with that write by
+    ``bench/postnorm_training_forward.py``), else its forward one.
     ``fused=True`` forces the kernel (ValueError past the N limit); ``fused=False`` forces the
     unfused path. In Helion's reference mode (no configs, no timings) the kernel always runs.
 
@@ -48,7 +52,7 @@ def use_fused(spec, args: tuple, fused: bool | None = None) -> bool:
         return False
     if runtime.reference_mode(spec.kernel):
         return True
-    return runtime.fused_choice(spec, args)
+    return runtime.fused_choice(spec, args, training)
 
 
 def _layer_norm(x, residual, weight, bias, eps):
@@ -157,7 +161,7 @@ def _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused, keep=F
     if m == 0 or n == 0:
         y, mean, rstd, h = _empty_outputs(spec, args, a, m, n, fused, 2, keep)
         return (y, mean, rstd, h) if stats else (y, None, None, None)
-    if use_fused(spec, args, fused):
+    if use_fused(spec, args, fused, training=keep):
         h = a.new_empty(m, n) if keep else None
         y, mean, rstd = runtime.launch(spec, (*args, h) if keep else args)
         return (y, mean, rstd, h) if stats else (y, None, None, None)
@@ -194,7 +198,7 @@ def _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused, keep=False, lin
     if m == 0 or n == 0:
         y, rstd, h = _empty_outputs(spec, args, a, m, n, fused, 1, keep)
         return y, rstd if stats else None, h
-    if use_fused(spec, args, fused):
+    if use_fused(spec, args, fused, training=keep):
         h = a.new_empty(m, n) if keep else None
         y, rstd = runtime.launch(spec, (*args, h) if keep else args)
         return y, rstd if stats else None, h
