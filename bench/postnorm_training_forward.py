@@ -146,8 +146,12 @@ def main() -> int:
         if int(r.N) > limit:
             print(f"skipped {r.M}x{r.K}x{r.N}: N past the full-row limit {limit}", flush=True)
             continue
-        rows.append(bench_row(args.kernel, Shape(int(r.M), int(r.K), int(r.N)), torch.bfloat16, device, args.repeats))
-        print({k: rows[-1][k] for k in ("M", "K", "N", "speedup_vs_best_unfused", "forward_speedup", "check")},
+        shape = Shape(int(r.M), int(r.K), int(r.N))
+        try:  # a failing row is reported in the table, and the other rows still run
+            rows.append(bench_row(args.kernel, shape, torch.bfloat16, device, args.repeats))
+        except Exception as err:
+            rows.append({**shape._asdict(), "dtype": "bfloat16", "check": f"FAILED: {type(err).__name__}: {err}"[:200]})
+        print({k: rows[-1].get(k) for k in ("M", "K", "N", "speedup_vs_best_unfused", "forward_speedup", "check")},
               flush=True)
     meta = run_meta(device, ceilings, kernel=args.kernel,
                     inputs="bf16, affine norm (LayerNorm weight and bias, RMSNorm weight), eps 1e-5",

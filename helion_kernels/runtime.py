@@ -67,6 +67,9 @@ class Resolved:
 
 # (spec name, specialization) -> (compiled BoundKernel, Resolved)
 _BOUND: dict[tuple, tuple[Any, Resolved]] = {}
+# keys of _BOUND launched once (the GPU accepted their config), and those whose config was shrunk
+_LAUNCHED: set[tuple] = set()
+_SHRUNK: set[tuple] = set()
 # (kernel name, specialization) -> compiled BoundKernel, for kernels run outside a spec
 _KERNEL_BOUND: dict[tuple, Any] = {}
 # (spec name, key, dtype, gpu) -> the registry's decision for such calls (_Decision)
@@ -141,18 +144,27 @@ def uses_dynamic_build(spec: KernelSpec, args: tuple, source: str) -> bool:
     return spec.dynamic_m and source != "exact" and int(args[0].shape[0]) >= 2
 
 
+def _bound_key(spec: KernelSpec, args: tuple) -> tuple:
+    return (spec.name, spec.kernel.specialization_key(args))
+
+
+def _compiled(spec: KernelSpec, args: tuple, resolved: Resolved):
+    """``spec.kernel`` bound to ``args`` with ``resolved.config``: the dynamic-shape build
+    where :func:`uses_dynamic_build`, compiled once per config (Helion caches it on the bound
+    kernel), not per M; else the static one."""
+    if uses_dynamic_build(spec, args, resolved.source):
+        return dynamic_build(spec).bind(args).compile_config(resolved.config)
+    run = spec.kernel.bind(args)
+    run.set_config(resolved.config)
+    return run
+
+
 def _bound(spec: KernelSpec, args: tuple) -> tuple[Any, Resolved]:
-    key = (spec.name, spec.kernel.specialization_key(args))
+    key = _bound_key(spec, args)
     hit = _BOUND.get(key)
     if hit is None:
         resolved = resolve(spec, args)
-        if uses_dynamic_build(spec, args, resolved.source):
-            # Compiled once per config (Helion caches it on the bound kernel), not per M.
-            run = dynamic_build(spec).bind(args).compile_config(resolved.config)
-        else:
-            run = spec.kernel.bind(args)
-            run.set_config(resolved.config)
-        hit = _BOUND[key] = (run, resolved)
+        hit = _BOUND[key] = (_compiled(spec, args, resolved), resolved)
     return hit
 
 
@@ -186,11 +198,46 @@ def launch(spec: KernelSpec, args: tuple):
 
     The config is the registry's exact entry for the shape, else the nearest tuned shape's,
     else the kernel's default (both with a ``ConfigFallbackWarning``, once per shape and
-    process); in reference mode the kernel runs eagerly.
+    process); in reference mode the kernel runs eagerly. Where the GPU refuses the first
+    launch of a specialization for want of shared memory (Triton's ``OutOfResources``: a
+    call that adds a store to the tuned kernel, such as the full-row kernels' ``product``,
+    can need more than the tuned config did), the spec's ``smaller_config`` steps are taken
+    until one launches, with a ``ConfigFallbackWarning``.
     """
     if reference_mode(spec.kernel):
         return spec.kernel(*args)
-    return _bound(spec, args)[0](*args)
+    key = _bound_key(spec, args)
+    run = _bound(spec, args)[0]
+    if key in _LAUNCHED:
+        return run(*args)
+    from triton.runtime.errors import OutOfResources
+
+    while True:
+        try:
+            out = run(*args)
+        except OutOfResources as err:
+            run = _rebind_smaller(spec, args, key, err)
+            continue
+        _LAUNCHED.add(key)
+        return out
+
+
+def _rebind_smaller(spec: KernelSpec, args: tuple, key: tuple, err: Exception):
+    """The bound kernel of ``key`` again with ``spec.smaller_config`` of its config (cached
+    in its place), warning once per key; ``err`` re-raised where there is no smaller one."""
+    resolved = _BOUND[key][1]
+    smaller = None if spec.smaller_config is None else spec.smaller_config(resolved.config)
+    if smaller is None:
+        raise err
+    if key not in _SHRUNK:
+        _SHRUNK.add(key)
+        warnings.warn(f"{spec.name}: the {resolved.source} config needs more shared memory than the GPU has "
+                      f"for this call ({err}); running it with smaller tiles or fewer pipeline stages",
+                      registry.ConfigFallbackWarning, stacklevel=4)
+    resolved = dataclasses.replace(resolved, config=smaller)
+    run = _compiled(spec, args, resolved)
+    _BOUND[key] = (run, resolved)
+    return run
 
 
 def launch_kernel(kernel, args: tuple, config: Callable[[], Any] | None = None):
@@ -311,6 +358,8 @@ def registry_choice(spec: KernelSpec, args: tuple, fused: bool | None = None) ->
 def clear_cache() -> None:
     """Forget compiled kernels and dispatch decisions so the next call re-reads the registry."""
     _BOUND.clear()
+    _LAUNCHED.clear()
+    _SHRUNK.clear()
     _KERNEL_BOUND.clear()
     _FUSED_CHOICE.clear()
     _DYNAMIC_BUILDS.clear()

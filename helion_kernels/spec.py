@@ -154,6 +154,10 @@ class KernelSpec:
         call_config: ``(config, args) -> config`` applied to every config (tuned at this
             shape or not) before it is compiled for a call, for what the call adds to the
             tuned kernel (e.g. an optional output's store slot in ``indexing``).
+        smaller_config: ``config -> config | None``, the next smaller program (fewer
+            pipeline stages, then smaller tiles) for a config the GPU refused at launch for
+            want of shared memory (:func:`~.runtime.launch`); None where there is none.
+            None: such a launch fails.
         compare_outputs: ``outputs -> outputs`` applied to the kernel's outputs before they
             are compared with the reference's (e.g. tile partials summed to a row total).
         n_limit: ``(dtype, device) -> int``, the largest N the kernel takes (the full-row
@@ -192,6 +196,7 @@ class KernelSpec:
     fit_config: Callable[["helion.Config", tuple], "helion.Config"] | None = None
     compare_outputs: Callable[[tuple], tuple] | None = None
     call_config: Callable[["helion.Config", tuple], "helion.Config"] | None = None
+    smaller_config: Callable[["helion.Config"], "helion.Config | None"] | None = None
     dynamic_m: bool = False
     n_limit: Callable[[torch.dtype, Any], int] | None = None
 

@@ -268,6 +268,69 @@ def test_fit_applies_to_fallback_configs_only(registry_dir):
     assert seen == [1000]
 
 
+def test_smaller_config_steps_stages_then_tile_k_then_tile_m():
+    from helion_kernels.kernels.postnorm_full_row import smaller_config
+
+    config = helion.Config(block_sizes=[16, 32, 32], num_warps=8, num_stages=2, indexing="tensor_descriptor",
+                           pid_type="persistent_interleaved")
+    steps = []
+    while config is not None:
+        steps.append((config.num_stages, *config.block_sizes))
+        assert config.num_warps == 8 and config.config["pid_type"] == "persistent_interleaved"
+        config = smaller_config(config)
+    assert steps == [(2, 16, 32, 32), (1, 16, 32, 32), (1, 16, 32, 16), (1, 16, 16, 16)]
+
+
+class _FakeRun:
+    """A bound kernel whose launch the GPU refuses (OutOfResources) above ``max_stages``."""
+
+    def __init__(self, config, max_stages: int, launches: list):
+        self.config, self.max_stages, self.launches = config, max_stages, launches
+
+    def __call__(self, *args):
+        from triton.runtime.errors import OutOfResources
+
+        self.launches.append(self.config.num_stages)
+        if self.config.num_stages > self.max_stages:
+            raise OutOfResources(245784, 232448, "shared memory")
+        return "ran"
+
+
+@pytest.mark.triton_interpret  # the runtime binds configs in this mode; the launch is faked
+@pytest.mark.parametrize(("max_stages", "expect"), [(3, [3, 3]), (1, [3, 2, 1, 1]), (0, None)])
+def test_a_launch_refused_for_shared_memory_runs_a_smaller_config(max_stages, expect, registry_dir, monkeypatch):
+    """The H200 failure: the tuned 128 x 64, 3-stage config at 262144x64x256 launched without
+    ``product``, but with it asked for 245784 bytes of 232448. The first launch steps down
+    (smaller_config), warns once, and the config that ran is kept; nothing smaller: the error."""
+    import dataclasses
+
+    from helion_kernels import registry, runtime
+
+    launches = []
+    monkeypatch.setattr(runtime, "_compiled", lambda spec, args, resolved: _FakeRun(resolved.config, max_stages,
+                                                                                    launches))
+    # one step to nothing below 1 stage, so the no-smaller case stays short
+    spec = dataclasses.replace(SPEC_LAYERNORM, smaller_config=lambda c: None if c.num_stages == 1 else
+                               helion.Config(**{**c.config, "num_stages": c.num_stages - 1}))
+    tuned = helion.Config(block_sizes=[16, 64, 64], num_warps=8, num_stages=3)
+    registry.save_entry(spec.name, "cpu", registry.Entry(Shape(64, 32, 256), "float32", tuned, {}))
+    args = spec.make_args(Shape(64, 32, 256), torch.float32, "cpu", 0)
+    if expect is None:
+        from triton.runtime.errors import OutOfResources
+
+        with pytest.raises(OutOfResources), pytest.warns(registry.ConfigFallbackWarning):
+            runtime.launch(spec, args)
+        return
+    if max_stages < 3:
+        with pytest.warns(registry.ConfigFallbackWarning, match="more shared memory than the GPU has"):
+            assert runtime.launch(spec, args) == "ran"
+    else:
+        assert runtime.launch(spec, args) == "ran"
+    assert runtime.launch(spec, args) == "ran"  # the second launch: the kept config, no warning
+    assert launches == expect
+    assert runtime.resolved_config(spec, args).config.num_stages == min(3, max_stages)
+
+
 def test_specs_are_consistent():
     for spec, kernel in ((SPEC_LAYERNORM, matmul_layernorm_kernel), (SPEC_RMSNORM, matmul_rmsnorm_kernel)):
         assert spec.kernel is kernel

@@ -316,16 +316,27 @@ def fit_shared_memory(config: helion.Config, args: tuple) -> helion.Config:
     npad = helion.next_power_of_2(int(b.shape[1]))
     item = a.element_size()
     smem = shared_memory_per_block(a.device if a.is_cuda else None)
+    fitted = config
+    while full_row_shared_memory(fitted.num_stages, *fitted.block_sizes[1:], npad, item) > smem:
+        smaller = smaller_config(fitted)
+        if smaller is None:
+            break
+        fitted = smaller
+    return fitted
+
+
+def smaller_config(config: helion.Config) -> helion.Config | None:
+    """The next smaller full-row program: one pipeline stage fewer, else tile_k halved (down
+    to 16), else tile_m halved (down to 16); None at (1 stage, 16, 16)."""
     _, tile_m, tile_k = config.block_sizes
     stages = config.num_stages
-    fitted = (stages, tile_m, tile_k)
-    while full_row_shared_memory(*fitted, npad, item) > smem and fitted != (1, MIN_TILE_M, MIN_TILE_K):
-        s, m, k = fitted
-        fitted = (s - 1, m, k) if s > 1 else (s, m, k // 2) if k > MIN_TILE_K else (s, m // 2, k)
-    if fitted == (stages, tile_m, tile_k):
-        return config
-    return helion.Config(**{**config.config, "num_stages": fitted[0],
-                            "block_sizes": [config.block_sizes[0], fitted[1], fitted[2]]})
+    if stages <= 1 and tile_m <= MIN_TILE_M and tile_k <= MIN_TILE_K:
+        return None
+    if stages > 1:
+        return helion.Config(**{**config.config, "num_stages": stages - 1})
+    block_sizes = ([config.block_sizes[0], tile_m, tile_k // 2] if tile_k > MIN_TILE_K
+                   else [config.block_sizes[0], tile_m // 2, tile_k])
+    return helion.Config(**{**config.config, "block_sizes": block_sizes})
 
 
 def with_call_slots(config: helion.Config, args: tuple, first_optional: int) -> helion.Config:
@@ -391,6 +402,7 @@ SPEC_LAYERNORM = KernelSpec(
     portable_config=portable_config,
     fit_config=fit_shared_memory,
     call_config=functools.partial(with_call_slots, first_optional=5),
+    smaller_config=smaller_config,
 )
 
 SPEC_RMSNORM = dataclasses.replace(
