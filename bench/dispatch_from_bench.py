@@ -16,7 +16,7 @@ ops' forward as autograd records it, writing the norm's input for the backward) 
 the entries' ``dispatch_training`` record instead, which the ops follow when autograd records
 the call::
 
-    python bench/dispatch_from_bench.py --training --kernel matmul_layernorm \
+    python bench/dispatch_from_bench.py --training --kernel matmul_layernorm \\
         --csv bench/results/nvidia_h200_sm90/matmul_layernorm_training_forward_postnorm_fullrow.csv
 
 It writes the checkout's committed registry (``configs/``) unless ``--registry`` names another
@@ -45,6 +45,7 @@ from helion_kernels.kernels import get_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINING_COLUMN = "forward_fused_ms"  # only bench/postnorm_training_forward.py's tables have it
+TRAINING_KERNELS = ("matmul_layernorm", "matmul_rmsnorm")  # the ops that read a training record
 
 
 def decisions(frame: pd.DataFrame, kernel: str) -> pd.DataFrame:
@@ -103,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         raise SystemExit(str(err)) from None
     frame = pd.read_csv(args.csv)
+    if args.training and args.kernel not in TRAINING_KERNELS:
+        raise SystemExit(f"--training: only {' and '.join(TRAINING_KERNELS)} follow a training decision")
     if args.training and TRAINING_COLUMN not in frame.columns:
         raise SystemExit(f"{args.csv} is not a table of bench/postnorm_training_forward.py, which --training reads")
     if not args.training and TRAINING_COLUMN in frame.columns:
@@ -137,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         tuned_at = registry.timestamp(tuned)
         if tuned_at and measured_at and tuned_at > measured_at:
             print(f"skipped {key}: the entry was tuned ({tuned}) after this benchmark ran ({when}), which "
-                  "timed the previous config; the entry keeps its tuning's decision (re-run the benchmark)")
+                  "timed the previous config; the entry keeps its tuning's decision (re-run the benchmark)"
+                  + ("; training calls follow that until a training record is written" if args.training else ""))
             continue
         old = entry.meta.get(field, {})
         record = {**row.record, "source": source}

@@ -19,8 +19,8 @@ it, on the same inputs:
 * ``cublas_mm``, ``inductor_norm``: the unfused pipeline's two parts.
 
 ``speedup_vs_best_unfused`` = unfused / fused in training; ``saved_vs_cublas_inductor_pct`` =
-(unfused - fused) / inductor_norm, the blog's metric; ``dispatch_training``: what the op runs
-in training at this shape by the registry as it stands. Timing: CUDA-graph replay, median,
+(unfused - fused) / inductor_norm, the blog's metric; ``training_decision``: the choice that
+``bench/dispatch_from_bench.py --training`` records from the row (the library's 2% margin). Timing: CUDA-graph replay, median,
 input sets rotated past the L2 cache; ``--repeats N`` times each column N times, in turn, and
 reports the medians. Every row is checked against an fp32 reference (y, statistics and h).
 
@@ -46,7 +46,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from helion_kernels import registry, workloads
+from helion_kernels import registry, tuning, workloads
 from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, time_columns, workload_script_args, write_results
 from helion_kernels.cli import positive_int
 from helion_kernels.kernels import get_spec
@@ -57,6 +57,12 @@ from helion_kernels.verify import VerificationError, check_outputs
 
 KERNELS = {"matmul_layernorm": postnorm._matmul_layernorm_eager, "matmul_rmsnorm": postnorm._matmul_rmsnorm_eager}
 UNFUSED = "cublas+inductor_norm"
+NOTES = ("`speedup_vs_best_unfused`: the unfused training forward's time over the fused one's (median of the "
+         "per-repeat ratios; `speedup_spread` their max - min)",
+         "`saved_vs_cublas_inductor_pct`: (t_unfused - t_fused) / t_inductor_norm, in training",
+         "`training_write_ms`: the fused kernel's time with h stored minus without",
+         "`training_decision`: what `bench/dispatch_from_bench.py --training` records from the row (fused where "
+         "the unfused forward took at least 2% longer)")
 
 
 def _reference(kernel: str, args: tuple) -> tuple:
@@ -105,7 +111,8 @@ def bench_row(kernel: str, shape: Shape, dtype: torch.dtype, device: torch.devic
     row["forward_speedup"] = times["forward_unfused"] / times["forward_fused"]
     row["saved_vs_cublas_inductor_pct"] = 100 * (times[UNFUSED] - times[kernel]) / times["inductor_norm"]
     row["training_write_ms"] = times[kernel] - times["forward_fused"]  # what storing h costs the kernel
-    row["dispatch_training"] = "fused" if postnorm.use_fused(spec, arg_sets[0], training=True) else "unfused"
+    # the decision dispatch_from_bench --training records from this row (the library's 2% margin)
+    row["training_decision"] = tuning.dispatch_decision(times[kernel], times[UNFUSED], UNFUSED, {})["choice"]
     return row
 
 
@@ -160,11 +167,7 @@ def main() -> int:
     meta["timing"] += f"; every column timed {args.repeats} times, the columns in turn; the medians reported"
     out_dir = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
     stem = f"{args.kernel}_training_forward_{args.workload}{workloads.where_suffix(args.where)}"
-    paths = write_results(pd.DataFrame(rows), meta, out_dir, stem, plot, notes=(
-        "`speedup_vs_best_unfused`: the unfused training forward's time over the fused one's (median of the "
-        "per-repeat ratios; `speedup_spread` their max - min)",
-        "`saved_vs_cublas_inductor_pct`: (t_unfused - t_fused) / t_inductor_norm, in training",
-        "`training_write_ms`: the fused kernel's time with h stored minus without"))
+    paths = write_results(pd.DataFrame(rows), meta, out_dir, stem, plot, notes=NOTES)
     print("wrote " + ", ".join(str(x) for x in paths))
     return 0
 

@@ -117,7 +117,7 @@ def _paths(layer: str, fused: nn.Module, x: torch.Tensor) -> tuple[str, str]:
                                 "cuBLAS GEMMs + inductor norm backward (writes x_hat)")
     spec = postnorm_full_row.SPEC_LAYERNORM if layer == "linear_layernorm" else postnorm_full_row.SPEC_RMSNORM
     params = (fused.norm.weight, fused.norm.bias) if layer == "linear_layernorm" else (fused.norm.weight,)
-    forward = postnorm.use_fused(spec, (x.detach(), w.t(), *params, 1e-5))
+    forward = postnorm.use_fused(spec, (x.detach(), w.t(), *params, 1e-5), training=True)  # autograd records it
     return (("fused kernel" if forward else "cuBLAS + inductor norm") + " (writes the norm input)",
             "inductor norm backward on the kept norm input + cuBLAS GEMMs")
 

@@ -70,6 +70,10 @@ _BOUND: dict[tuple, tuple[Any, Resolved]] = {}
 # keys of _BOUND launched once (the GPU accepted their config), and those whose config was shrunk
 _LAUNCHED: set[tuple] = set()
 _SHRUNK: set[tuple] = set()
+# a config refused at one call (_shrink_key) -> the smaller one that launched; a key of _BOUND
+# -> the config its registry lookup gave before any shrink
+_SMALLER: dict[tuple, Any] = {}
+_ORIGINAL: dict[tuple, Any] = {}
 # (kernel name, specialization) -> compiled BoundKernel, for kernels run outside a spec
 _KERNEL_BOUND: dict[tuple, Any] = {}
 # (spec name, key, dtype, gpu) -> the registry's decision for such calls (_Decision)
@@ -164,6 +168,10 @@ def _bound(spec: KernelSpec, args: tuple) -> tuple[Any, Resolved]:
     hit = _BOUND.get(key)
     if hit is None:
         resolved = resolve(spec, args)
+        smaller = _SMALLER.get(_shrink_key(spec, args, resolved.config))
+        if smaller is not None:  # refused at another M: start from the config that launched there
+            _ORIGINAL[key] = resolved.config
+            resolved = dataclasses.replace(resolved, config=smaller)
         hit = _BOUND[key] = (_compiled(spec, args, resolved), resolved)
     return hit
 
@@ -216,24 +224,39 @@ def launch(spec: KernelSpec, args: tuple):
         try:
             out = run(*args)
         except OutOfResources as err:
+            if getattr(err, "name", None) != "shared memory":
+                raise
             run = _rebind_smaller(spec, args, key, err)
             continue
         _LAUNCHED.add(key)
         return out
 
 
+def _shrink_key(spec: KernelSpec, args: tuple, config) -> tuple:
+    """What decides whether a config fits a block's shared memory: the spec, the config, the
+    call's key but for M (a new token count needs no new attempt), dtype, and which optional
+    tensors the call passes (an added store needs more)."""
+    return (spec.name, repr(config), tuple(spec.key_of(args))[1:], args[0].dtype,
+            tuple(isinstance(t, torch.Tensor) for t in args))
+
+
 def _rebind_smaller(spec: KernelSpec, args: tuple, key: tuple, err: Exception):
     """The bound kernel of ``key`` again with ``spec.smaller_config`` of its config (cached
-    in its place), warning once per key; ``err`` re-raised where there is no smaller one."""
+    in its place and remembered for other M, :data:`_SMALLER`), warning once per shape apart
+    from M; ``err`` re-raised where there is no smaller config."""
     resolved = _BOUND[key][1]
     smaller = None if spec.smaller_config is None else spec.smaller_config(resolved.config)
-    if smaller is None:
+    if smaller is None or repr(smaller) == repr(resolved.config):
         raise err
-    if key not in _SHRUNK:
-        _SHRUNK.add(key)
+    original = _ORIGINAL.get(key, resolved.config)
+    _ORIGINAL[key] = original
+    _SMALLER[_shrink_key(spec, args, original)] = smaller
+    shape, gpu = spec.key_of(args), registry.gpu_key(args[0].device)
+    if key not in _SHRUNK and _first_warning("shared_memory", spec, shape, args[0].dtype, gpu):
         warnings.warn(f"{spec.name}: the {resolved.source} config needs more shared memory than the GPU has "
                       f"for this call ({err}); running it with smaller tiles or fewer pipeline stages",
                       registry.ConfigFallbackWarning, stacklevel=4)
+    _SHRUNK.add(key)
     resolved = dataclasses.replace(resolved, config=smaller)
     run = _compiled(spec, args, resolved)
     _BOUND[key] = (run, resolved)
@@ -324,12 +347,15 @@ def fused_choice(spec: KernelSpec, args: tuple, training: bool = False) -> bool:
     if followed is not None and not decision.fused:
         a = args[0]
         key, gpu = spec.key_of(args), registry.gpu_key(a.device)
-        if _first_warning("dispatch", spec, key, a.dtype, gpu):
+        if _first_warning("dispatch_training" if training else "dispatch", spec, key, a.dtype, gpu):
             dtype = registry.dtype_name(a.dtype)
             warnings.warn(
                 f"{spec.name}: no dispatch decision tuned for {key} {dtype} on {gpu}; "
-                f"following the one tuned for {followed.shape} {followed.dtype} (unfused). Tune this "
-                f"shape with: {registry.tune_command(spec.name, key, dtype, gpu)}",
+                f"following the one {'(for training calls) ' if training else ''}tuned for {followed.shape} "
+                f"{followed.dtype} (unfused). Tune this shape with: "
+                f"{registry.tune_command(spec.name, key, dtype, gpu)}"
+                + (" (and for training calls bench/postnorm_training_forward.py, then "
+                   "bench/dispatch_from_bench.py --training)" if training else ""),
                 registry.ConfigFallbackWarning, stacklevel=4)
     return decision.fused
 
@@ -360,6 +386,8 @@ def clear_cache() -> None:
     _BOUND.clear()
     _LAUNCHED.clear()
     _SHRUNK.clear()
+    _SMALLER.clear()
+    _ORIGINAL.clear()
     _KERNEL_BOUND.clear()
     _FUSED_CHOICE.clear()
     _DYNAMIC_BUILDS.clear()

@@ -187,6 +187,17 @@ def test_cpu_report_says_what_a_full_row_op_runs(capsys):
 
 
 @pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
+def test_cpu_report_names_a_training_decision_apart(capsys):
+    """The committed registry's full-row LayerNorm at 65536x128x128: fused in the forward
+    benchmark, unfused once the kernel also writes the norm's input (its training record)."""
+    rc = main(["bench", "--kernel", "matmul_layernorm", "--workload", "postnorm_fullrow", "--where",
+               "M == 65536 and K == 128 and N == 128"])
+    out = capsys.readouterr().out
+    assert rc == 0 and re.search(r"65536 +128 +128 .* fused; training: unfused +ok", out)
+    assert max(len(line) for line in out.splitlines()) <= 120
+
+
+@pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
 def test_committed_rows_re_tuned_since_the_benchmark_are_named(registry_dir, tmp_path):
     """A committed result row whose registry entry is newer than the benchmark is flagged (its
     times are not the shipped config's); older entries, rows without entries, and a file

@@ -161,6 +161,10 @@ def test_training_table_writes_the_training_records_only(tmp_path, run_script):
     configs stay as they were. Each kind of table is refused with the other's flag."""
     kernel = "matmul_layernorm"
     registry_file = _copy_registry(tmp_path, kernel)
+    doc = json.loads(registry_file.read_text())
+    for entry in doc["entries"]:  # as before any training benchmark
+        entry.pop(registry.TRAINING_DISPATCH, None)
+    registry_file.write_text(json.dumps(doc))
     before = _entries(registry_file)
     flip, keep = (65536, 128, 128, "bfloat16"), (65536, 64, 64, "bfloat16")
     assert before[flip]["dispatch"]["choice"] == "fused"
@@ -184,6 +188,10 @@ def test_training_table_writes_the_training_records_only(tmp_path, run_script):
     assert after[keep][registry.TRAINING_DISPATCH]["choice"] == "fused"
     for key, entry in after.items():
         assert {k: v for k, v in entry.items() if k != registry.TRAINING_DISPATCH} == before[key], key
+
+    refused = run_script("--training", "--kernel", "matmul_layernorm_split_n", "--csv", csv, "--gpu", GPU,
+                         "--registry", tmp_path)
+    assert refused.returncode != 0 and "only matmul_layernorm and matmul_rmsnorm" in refused.stderr
 
     forward = tmp_path / "forward.csv"
     rows.drop(columns="forward_fused_ms").to_csv(forward, index=False)
@@ -239,12 +247,31 @@ def test_committed_records_are_those_of_the_newest_benchmark(kernel):
     benchmark ran after the entry was tuned; an entry re-tuned since keeps its tuning's decision.
     After re-running a benchmark, re-derive with the script (oldest file first)."""
     workloads, expected_rows = BENCHMARKED[kernel]
+    files = [csv for workload in workloads
+             for csv in (REPO / "bench" / "results" / GPU).glob(f"{kernel}_{workload}*.csv")]
+    assert _newest_records_checked(kernel, files, "dispatch") == expected_rows, kernel
+
+
+# The full-row ops' training decisions (bench/postnorm_training_forward.py, dispatch_from_bench
+# --training): every row of the full-row table.
+TRAINING_BENCHMARKED = {"matmul_layernorm": 16, "matmul_rmsnorm": 16}
+
+
+@pytest.mark.parametrize("kernel", sorted(TRAINING_BENCHMARKED))
+def test_committed_training_records_are_those_of_the_newest_training_benchmark(kernel):
+    """As above, for the ``dispatch_training`` records and the training-forward tables."""
+    files = list((REPO / "bench" / "results" / GPU).glob(f"{kernel}_training_forward_*.csv"))
+    checked = _newest_records_checked(kernel, files, registry.TRAINING_DISPATCH)
+    assert checked == TRAINING_BENCHMARKED[kernel], kernel
+
+
+def _newest_records_checked(kernel: str, files: list[Path], field: str) -> int:
+    """How many committed entries of ``kernel`` hold in ``field`` the record of the newest of
+    the benchmark ``files`` that ran after they were tuned (asserted for each)."""
+    assert files, kernel
     committed = _entries(REPO / "configs" / GPU / f"{kernel}.json")
     newest = {}  # (M, K, N, dtype) -> (date, expected record, file)
-    files = sorted(csv for workload in workloads
-                   for csv in (REPO / "bench" / "results" / GPU).glob(f"{kernel}_{workload}*.csv"))
-    assert files, kernel
-    for csv in files:
+    for csv in sorted(files):
         date = registry.timestamp(registry.result_meta(csv).get("date"))
         assert date is not None, csv  # every benchmark file has its .json with a date
         for row in decisions(pd.read_csv(csv), kernel).itertuples(index=False):
@@ -257,7 +284,7 @@ def test_committed_records_are_those_of_the_newest_benchmark(kernel):
         tuned_at = registry.timestamp(entry.get("tuned_at")) if entry else None
         if entry is None or (tuned_at is not None and tuned_at > date):
             continue
-        record = entry["dispatch"]
+        record = entry[field]
         assert {k: record.get(k) for k in expected} == expected, (kernel, key, name)
         checked += 1
-    assert checked == expected_rows, kernel
+    return checked

@@ -329,6 +329,31 @@ def test_a_launch_refused_for_shared_memory_runs_a_smaller_config(max_stages, ex
     assert runtime.launch(spec, args) == "ran"  # the second launch: the kept config, no warning
     assert launches == expect
     assert runtime.resolved_config(spec, args).config.num_stages == min(3, max_stages)
+    # another M with the same tuned config starts from the config that launched: no retry, no warning
+    registry.save_entry(spec.name, "cpu", registry.Entry(Shape(96, 32, 256), "float32", tuned, {}))
+    launches.clear()
+    assert runtime.launch(spec, spec.make_args(Shape(96, 32, 256), torch.float32, "cpu", 0)) == "ran"
+    assert launches == [min(3, max_stages)]
+
+
+@pytest.mark.triton_interpret  # the runtime binds configs in this mode; the launch is faked
+def test_a_launch_refused_for_another_resource_is_not_retried(registry_dir, monkeypatch):
+    from triton.runtime.errors import OutOfResources
+
+    from helion_kernels import registry, runtime
+
+    launches = []
+
+    def refused(*args):
+        launches.append(1)
+        raise OutOfResources(300, 255, "registers")
+
+    monkeypatch.setattr(runtime, "_compiled", lambda spec, args, resolved: refused)
+    registry.save_entry(SPEC_LAYERNORM.name, "cpu", registry.Entry(
+        Shape(64, 32, 256), "float32", helion.Config(block_sizes=[16, 64, 64], num_warps=8, num_stages=3), {}))
+    with pytest.raises(OutOfResources, match="registers"):
+        runtime.launch(SPEC_LAYERNORM, SPEC_LAYERNORM.make_args(Shape(64, 32, 256), torch.float32, "cpu", 0))
+    assert launches == [1]
 
 
 def test_specs_are_consistent():

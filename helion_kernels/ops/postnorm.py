@@ -317,7 +317,10 @@ def matmul_layernorm(
     registers and the un-normalised product never goes to memory
     (:mod:`helion_kernels.kernels.postnorm_full_row`). Per shape, the registry records
     whether that kernel beat cuBLAS + the inductor-compiled norm when it was tuned; the
-    call runs the winner (see :func:`use_fused`), so a tuned shape never regresses.
+    call runs the winner (see :func:`use_fused`), so a tuned shape never regresses. When
+    autograd records the call, the kernel also writes the norm's input for the backward, and
+    the call follows the decision measured with that write where the entry has one
+    (``bench/postnorm_training_forward.py``).
 
     Args:
         a: [M, K], bf16, fp16 or fp32, on a CUDA device.
