@@ -79,7 +79,7 @@ def _forward(kernel: str, args: tuple, fused: bool, keep: bool):
 def bench_row(kernel: str, shape: Shape, dtype: torch.dtype, device: torch.device, repeats: int) -> dict:
     spec = get_spec(kernel)
     torch._dynamo.reset()  # one fresh torch.compile per row
-    per_set = spec.min_bytes(shape, dtype) + shape.M * shape.N * torch.finfo(dtype).bits // 8  # + h
+    per_set = spec.min_bytes(shape, dtype) + shape.M * shape.N * dtype.itemsize  # + h
     arg_sets = [spec.make_args(shape, dtype, device, seed) for seed in range(input_copies(per_set, device))]
     row: dict = {**shape._asdict(), "dtype": registry.dtype_name(dtype)}
     ref = _reference(kernel, arg_sets[0])

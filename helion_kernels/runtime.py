@@ -67,11 +67,10 @@ class Resolved:
 
 # (spec name, specialization) -> (compiled BoundKernel, Resolved)
 _BOUND: dict[tuple, tuple[Any, Resolved]] = {}
-# keys of _BOUND launched once (the GPU accepted their config), and those whose config was shrunk
+# keys of _BOUND launched once (the GPU accepted their config)
 _LAUNCHED: set[tuple] = set()
-_SHRUNK: set[tuple] = set()
 # a config refused at one call (_shrink_key) -> the smaller one that launched; a key of _BOUND
-# -> the config its registry lookup gave before any shrink
+# whose config was shrunk (here or at another M) -> the config its registry lookup gave
 _SMALLER: dict[tuple, Any] = {}
 _ORIGINAL: dict[tuple, Any] = {}
 # (kernel name, specialization) -> compiled BoundKernel, for kernels run outside a spec
@@ -163,8 +162,10 @@ def _compiled(spec: KernelSpec, args: tuple, resolved: Resolved):
     return run
 
 
-def _bound(spec: KernelSpec, args: tuple) -> tuple[Any, Resolved]:
-    key = _bound_key(spec, args)
+def _bound(spec: KernelSpec, args: tuple, key: tuple | None = None) -> tuple[Any, Resolved]:
+    """The compiled kernel and resolved config for ``args`` (``key``: their :func:`_bound_key`,
+    where the caller has it), bound and cached on the first call."""
+    key = _bound_key(spec, args) if key is None else key
     hit = _BOUND.get(key)
     if hit is None:
         resolved = resolve(spec, args)
@@ -215,7 +216,7 @@ def launch(spec: KernelSpec, args: tuple):
     if reference_mode(spec.kernel):
         return spec.kernel(*args)
     key = _bound_key(spec, args)
-    run = _bound(spec, args)[0]
+    run = _bound(spec, args, key)[0]
     if key in _LAUNCHED:
         return run(*args)
     from triton.runtime.errors import OutOfResources
@@ -248,15 +249,14 @@ def _rebind_smaller(spec: KernelSpec, args: tuple, key: tuple, err: Exception):
     smaller = None if spec.smaller_config is None else spec.smaller_config(resolved.config)
     if smaller is None or repr(smaller) == repr(resolved.config):
         raise err
-    original = _ORIGINAL.get(key, resolved.config)
-    _ORIGINAL[key] = original
+    first_shrink = key not in _ORIGINAL  # else shrunk (and warned) before, here or at another M
+    original = _ORIGINAL.setdefault(key, resolved.config)
     _SMALLER[_shrink_key(spec, args, original)] = smaller
     shape, gpu = spec.key_of(args), registry.gpu_key(args[0].device)
-    if key not in _SHRUNK and _first_warning("shared_memory", spec, shape, args[0].dtype, gpu):
+    if first_shrink and _first_warning("shared_memory", spec, shape, args[0].dtype, gpu):
         warnings.warn(f"{spec.name}: the {resolved.source} config needs more shared memory than the GPU has "
                       f"for this call ({err}); running it with smaller tiles or fewer pipeline stages",
                       registry.ConfigFallbackWarning, stacklevel=4)
-    _SHRUNK.add(key)
     resolved = dataclasses.replace(resolved, config=smaller)
     run = _compiled(spec, args, resolved)
     _BOUND[key] = (run, resolved)
@@ -385,7 +385,6 @@ def clear_cache() -> None:
     """Forget compiled kernels and dispatch decisions so the next call re-reads the registry."""
     _BOUND.clear()
     _LAUNCHED.clear()
-    _SHRUNK.clear()
     _SMALLER.clear()
     _ORIGINAL.clear()
     _KERNEL_BOUND.clear()
