@@ -101,7 +101,7 @@ def test_inserted_slots_index_the_optional_tensors(spec):
                                             indexing=["pointer"] * slots), args)
     indexing = config.config["indexing"]
     assert len(indexing) == slots + 3
-    for slot, name in ((2, "linear_bias"), (3, "residual"), (len(indexing) - 1, "product")):
+    for slot, name in ((2, "linear_bias"), (3, "residual"), (4, "product")):
         marked = [*indexing[:slot], "block_ptr", *indexing[slot + 1:]]
         code = spec.kernel.bind(args).to_triton_code(helion.Config(**{**config.config, "indexing": marked}))
         block_ptrs = [line for line in code.splitlines() if "make_block_ptr" in line]
@@ -116,11 +116,11 @@ def test_call_slots_leave_other_configs_alone():
     assert with_call_slots(listed, (None,) * 4, 4) == listed  # no optional tensors passed
     assert with_call_slots(listed, (None,) * 4 + (None, None, None), 4) == listed
     assert with_call_slots(listed, (None,) * 4 + (None, None, t), 4).config["indexing"] == [
-        "a", "b", "c", "d", "e", "pointer"]
+        "a", "b", "pointer", "c", "d", "e"]
     assert with_call_slots(listed, (None,) * 4 + (t, None, None), 4).config["indexing"] == [
         "a", "b", "pointer", "c", "d", "e"]
     assert with_call_slots(listed, (None,) * 4 + (t, t, t), 4).config["indexing"] == [
-        "a", "b", "pointer", "pointer", "c", "d", "e", "pointer"]
+        "a", "b", "pointer", "pointer", "pointer", "c", "d", "e"]
 
 
 @pytest.mark.cuda

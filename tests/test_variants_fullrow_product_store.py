@@ -1,6 +1,6 @@
-"""The full-row LayerNorm's ``h`` store, measured in variants, not shipped
-(``bench/variants/fullrow_product_store.py``): the kernel storing ``h`` first is checked against
-fp32 in reference mode, and every variant runs under the Triton interpreter with a per-access
+"""The full-row LayerNorm's ``h`` store, measured in variants
+(``bench/variants/fullrow_product_store.py``): the former kernel storing ``h`` last is checked
+against fp32 in reference mode, and every variant runs under the Triton interpreter with a per-access
 indexing list (its length must match the kernel's loads and stores)."""
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ def _reference(args: tuple) -> tuple:
 @pytest.mark.ref_mode
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_store_h_first_in_reference_mode(shape, dtype, device):
+def test_store_h_last_in_reference_mode(shape, dtype, device):
     args = SPEC_LAYERNORM.make_args(shape, dtype, device, shape.M + shape.N)
     h = args[0].new_empty(shape.M, shape.N)
-    out = variants.store_h_first_kernel(*args, h)
+    out = variants.store_h_last_kernel(*args, h)
     check_outputs((*out, h), _reference(args), dtype)
 
 

@@ -1,28 +1,32 @@
 """Where and how should the full-row LayerNorm kernel store the norm's input ``h`` in training?
 
 When autograd records ``matmul_layernorm``, the kernel also stores ``h = a @ b`` (``product``)
-for the backward. On the H200 that store costs the LayerNorm kernel up to 0.155 ms, about twice
-what it costs the RMSNorm kernel at the same shape, and makes fusion lose in training at 11 of
-the 16 full-row rows (``bench/results/<gpu>/matmul_layernorm_training_forward_postnorm_fullrow.md``).
-Two suspects: the shipped kernel stores ``h`` last, so the fp32 accumulator stays live beside
-``centered`` and ``y`` through the whole epilogue; and the store's indexing slot is always
+for the backward. Until 2026-12-03 the kernel stored ``h`` last, after ``c`` and the statistics,
+and on the H200 that store cost the LayerNorm kernel up to 0.155 ms, about twice what it cost
+the RMSNorm kernel at the same shape. Two suspects: stored last, the fp32 accumulator stays live
+beside ``centered`` and ``y`` through the whole epilogue; and the store's indexing slot is always
 ``"pointer"`` (:func:`helion_kernels.kernels.postnorm_full_row.with_call_slots`), also where the
-tuned config stores ``c`` through a tensor descriptor.
+tuned config stores ``c`` through a tensor descriptor. This A/B decided it: storing ``h`` first
+cost 2.8-4.2x less at 256 <= N <= 512 at M = 262144, c's indexing changed nothing, and the
+library's kernels now store ``h`` first, by pointer
+(``bench/results/nvidia_h200_sm90/variants/fullrow_product_store_M_262144.md``).
 
 Variants, each with the registry's config for the row (the forward's: the store slot added):
 
-* ``last_pointer``: the shipped kernel (``h`` stored last, by pointer);
-* ``last_like_c``: the shipped kernel, ``h`` stored with ``c``'s indexing;
-* ``first_pointer``, ``first_like_c``: :func:`store_h_first_kernel`, ``h`` stored right after
-  the k-loop, before the statistics;
-* ``forward``: the shipped kernel without ``h`` (``variant - forward`` is what the store costs).
+* ``last_pointer``: :func:`store_h_last_kernel`, the kernel as it was (``h`` stored last, by pointer);
+* ``last_like_c``: the same, ``h`` stored with ``c``'s indexing;
+* ``first_pointer``: the library's kernel (``h`` stored right after the k-loop, before the
+  statistics, by pointer);
+* ``first_like_c``: the library's kernel, ``h`` stored with ``c``'s indexing;
+* ``forward``: the library's kernel without ``h`` (``variant - forward`` is what the store costs).
 
 Every variant is checked against an fp32 reference (y, mean, rstd, h). A config the GPU refuses
 for shared memory is stepped down as the library does (``smaller_config``; column ``stages``).
 
 Usage (CUDA machine): ``python bench/variants/fullrow_product_store.py [--where 'M == 262144']
 [--repeats 3]`` over the rows of ``configs/workloads/postnorm_fullrow.csv``; writes
-``bench/results/<gpu>/variants/fullrow_product_store[_<where>].{csv,md}``.
+``bench/results/<gpu>/variants/fullrow_product_store[_<where>].{csv,md,png}`` (the plot: what
+storing ``h`` costs per row and variant).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import pandas as pd
 import torch
 
 from helion_kernels import registry, runtime, workloads
-from helion_kernels.benchmark import time_columns, write_table
+from helion_kernels.benchmark import finish_plot, row_labels, time_columns, write_table
 from helion_kernels.kernels.postnorm_full_row import (
     SPEC_LAYERNORM,
     matmul_layernorm_kernel,
@@ -54,12 +58,12 @@ from helion_kernels.workloads import load_workload
 
 
 @helion.kernel(static_shapes=True)
-def store_h_first_kernel(
+def store_h_last_kernel(
     a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float, product: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``matmul_layernorm_kernel`` with ``product`` given and stored right after the k-loop.
+    """``matmul_layernorm_kernel`` as it was before 2026-12-03: ``product`` given and stored last.
 
-    Loads and stores in program order: a, b, product, weight, bias, c, mean, rstd.
+    Loads and stores in program order: a, b, weight, bias, c, mean, rstd, product.
     """
     m, k = a.size()
     n = hl.specialize(b.size(1))
@@ -71,7 +75,6 @@ def store_h_first_kernel(
         acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
         for tile_k in hl.tile(k):
             acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
-        product[tile_m, tile_n] = acc.to(product.dtype)
         row_mean = torch.sum(acc, dim=1) / n
         in_row = (tile_n.index < n)[None, :]
         centered = torch.where(in_row, acc - row_mean[:, None], 0.0)
@@ -81,6 +84,7 @@ def store_h_first_kernel(
         c[tile_m, tile_n] = (y + bias[tile_n].to(torch.float32)[None, :]).to(c.dtype)
         mean[tile_m] = row_mean
         rstd[tile_m] = row_rstd
+        product[tile_m, tile_n] = acc.to(product.dtype)
     return c, mean, rstd
 
 
@@ -100,16 +104,16 @@ def with_h_slot(config: helion.Config, first: bool, like_c: bool) -> helion.Conf
 
 
 VARIANTS = {  # name -> (kernel, h stored first, h indexed like c)
-    "last_pointer": (matmul_layernorm_kernel, False, False),
-    "last_like_c": (matmul_layernorm_kernel, False, True),
-    "first_pointer": (store_h_first_kernel, True, False),
-    "first_like_c": (store_h_first_kernel, True, True),
+    "last_pointer": (store_h_last_kernel, False, False),
+    "last_like_c": (store_h_last_kernel, False, True),
+    "first_pointer": (matmul_layernorm_kernel, True, False),
+    "first_like_c": (matmul_layernorm_kernel, True, True),
 }
 
 
 def _kernel_args(name: str, args: tuple, h: torch.Tensor) -> tuple:
     """The kernel's arguments: ``args`` = (a, b, weight, bias, eps) and ``h``."""
-    if VARIANTS[name][0] is store_h_first_kernel:
+    if VARIANTS[name][0] is store_h_last_kernel:
         return (*args, h)
     return (*args, None, None, h)  # no Linear bias, no residual
 
@@ -161,6 +165,24 @@ def bench_row(shape: Shape, device: torch.device, repeats: int) -> dict:
     return row
 
 
+def plot_store_cost(df: pd.DataFrame, path: Path, gpu: str) -> None:
+    """Bars: what storing ``h`` costs (ms, variant - forward) per row and variant."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cost = df[[f"{name}_store_ms" for name in VARIANTS]].copy()
+    cost.columns = list(VARIANTS)
+    cost.index = row_labels(df)
+    fig, ax = plt.subplots(figsize=(max(8, len(df) * 0.9), 5))
+    cost.plot.bar(ax=ax, width=0.85)
+    ax.set_ylabel("ms: forward with h - forward without")
+    ax.set_title(f"{gpu}: what storing h costs the full-row LayerNorm kernel (lower is better)")
+    ax.legend(fontsize=8)
+    finish_plot(fig, [ax], path)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--where", default=None, help="pandas query on the postnorm_fullrow table")
@@ -189,8 +211,9 @@ def main() -> int:
         f"timing: CUDA-graph replay, median, input sets rotated past L2; every column timed {args.repeats} times, "
         "in turn; medians",
     ])
+    plot_store_cost(df, Path(f"{stem}.png"), torch.cuda.get_device_name(device))
     print(df.to_string())
-    print(f"wrote {stem}.csv and .md")
+    print(f"wrote {stem}.csv, .md and .png")
     return 0
 
 

@@ -84,12 +84,17 @@ def matmul_layernorm_kernel(
         acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
         for tile_k in hl.tile(k):
             acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
-        # Loads of the optional addends come right after the k-loop's two (their indexing
-        # slots are inserted there: with_call_slots).
+        # Loads of the optional addends, then the store of h, come right after the k-loop's
+        # two loads (their indexing slots are inserted there: with_call_slots).
         if linear_bias is not None:
             acc = acc + linear_bias[tile_n].to(torch.float32)[None, :]
         if residual is not None:
             acc = acc + residual[tile_m, tile_n].to(torch.float32)
+        if product is not None:
+            # h stored before the statistics (its slot follows the addends': with_call_slots).
+            # Stored last, it kept acc live beside centered and y through the epilogue and cost
+            # the H200 2.8-4.2x as much at 256 <= N <= 512 (bench/variants/fullrow_product_store.py).
+            product[tile_m, tile_n] = acc.to(product.dtype)
         # Padded columns of acc are 0 (masked loads), so the plain sum is the sum over the
         # N real columns.
         row_mean = torch.sum(acc, dim=1) / n
@@ -106,8 +111,6 @@ def matmul_layernorm_kernel(
         c[tile_m, tile_n] = y.to(c.dtype)
         mean[tile_m] = row_mean
         rstd[tile_m] = row_rstd
-        if product is not None:  # the last store: its indexing slot is appended (with_call_slots)
-            product[tile_m, tile_n] = acc.to(product.dtype)
     return c, mean, rstd
 
 
@@ -141,6 +144,8 @@ def matmul_rmsnorm_kernel(
             acc = acc + linear_bias[tile_n].to(torch.float32)[None, :]
         if residual is not None:
             acc = acc + residual[tile_m, tile_n].to(torch.float32)
+        if product is not None:  # before the statistics, as in matmul_layernorm_kernel
+            product[tile_m, tile_n] = acc.to(product.dtype)
         # Padded columns of acc are 0 (masked loads), and so are their squares; the
         # explicit mask keeps that true whatever the loads' padding value.
         in_row = (tile_n.index < n)[None, :]
@@ -151,8 +156,6 @@ def matmul_rmsnorm_kernel(
             y = y * weight[tile_n].to(torch.float32)[None, :]
         c[tile_m, tile_n] = y.to(c.dtype)
         rstd[tile_m] = row_rstd
-        if product is not None:
-            product[tile_m, tile_n] = acc.to(product.dtype)
     return c, rstd
 
 
@@ -345,16 +348,16 @@ def with_call_slots(config: helion.Config, args: tuple, first_optional: int) -> 
 
     The registry's configs are tuned without them, and a per-access ``indexing`` list has one
     slot per load and store in program order: each addend is one more load right after the
-    k-loop's two (slots 2, 3), the product one more store after all others (the last slot).
-    The added slots are "pointer"; a single indexing string needs nothing.
+    k-loop's two, and the product one more store right after those (slots 2 to 4, in the
+    order linear_bias, residual, product). The added slots are "pointer" (on the H200, h
+    stored with c's indexing instead was no faster: bench/variants/fullrow_product_store.py);
+    a single indexing string needs nothing.
     """
     indexing = config.config.get("indexing")
     present = [isinstance(t, torch.Tensor) for t in args[first_optional:first_optional + 3]]
-    present += [False] * (3 - len(present))
     if not isinstance(indexing, list) or not any(present):
         return config
-    loads = ["pointer"] * (present[0] + present[1])
-    indexing = [*indexing[:2], *loads, *indexing[2:], *(["pointer"] if present[2] else [])]
+    indexing = [*indexing[:2], *["pointer"] * sum(present), *indexing[2:]]
     return helion.Config(**{**config.config, "indexing": indexing})
 
 
