@@ -188,12 +188,12 @@ def test_cpu_report_says_what_a_full_row_op_runs(capsys):
 
 @pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
 def test_cpu_report_names_a_training_decision_apart(capsys):
-    """The committed registry's full-row LayerNorm at 65536x128x128: fused in the forward
+    """The committed registry's full-row LayerNorm at 65536x256x256: fused in the forward
     benchmark, unfused once the kernel also writes the norm's input (its training record)."""
     rc = main(["bench", "--kernel", "matmul_layernorm", "--workload", "postnorm_fullrow", "--where",
-               "M == 65536 and K == 128 and N == 128"])
+               "M == 65536 and K == 256 and N == 256"])
     out = capsys.readouterr().out
-    assert rc == 0 and re.search(r"65536 +128 +128 .* fused; training: unfused +ok", out)
+    assert rc == 0 and re.search(r"65536 +256 +256 .* fused; training: unfused +ok", out)
     assert max(len(line) for line in out.splitlines()) <= 120
 
 

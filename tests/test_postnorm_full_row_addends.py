@@ -91,17 +91,20 @@ def test_with_a_tuned_indexing_list(spec, variant):
 
 
 @pytest.mark.triton_interpret  # code generation only
+@pytest.mark.parametrize("variant", ["product", "linear_bias", "residual", "all"])
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
-def test_inserted_slots_index_the_optional_tensors(spec):
+def test_inserted_slots_index_the_optional_tensors(spec, variant):
     """The slot with_call_slots inserts for each optional tensor is the one Helion uses for
-    its access: a block pointer put in that slot shows up on that tensor's load or store."""
-    args, _ = _args(spec, Shape(64, 64, 64), torch.float32, "cpu", "all")
+    its access: a block pointer put in that slot shows up on that tensor's load or store
+    (slots 2, 3, ... in the order linear_bias, residual, product, for those passed)."""
+    args, _ = _args(spec, Shape(64, 64, 64), torch.float32, "cpu", variant)
     slots = 7 if spec is SPEC_LAYERNORM else 5
     config = spec.call_config(helion.Config(block_sizes=[16, 16, 32], num_warps=4, num_stages=1,
                                             indexing=["pointer"] * slots), args)
     indexing = config.config["indexing"]
-    assert len(indexing) == slots + 3
-    for slot, name in ((2, "linear_bias"), (3, "residual"), (4, "product")):
+    passed = [name for name, on in zip(("linear_bias", "residual", "product"), VARIANTS[variant]) if on]
+    assert len(indexing) == slots + len(passed)
+    for slot, name in enumerate(passed, start=2):
         marked = [*indexing[:slot], "block_ptr", *indexing[slot + 1:]]
         code = spec.kernel.bind(args).to_triton_code(helion.Config(**{**config.config, "indexing": marked}))
         block_ptrs = [line for line in code.splitlines() if "make_block_ptr" in line]
