@@ -47,7 +47,8 @@ import pandas as pd
 import torch
 
 from helion_kernels import registry, tuning, workloads
-from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, time_columns, workload_script_args, write_results
+from helion_kernels.benchmark import (aim_bars, finish_plot, row_labels, run_meta, time_columns, workload_script_args,
+                                      write_results)
 from helion_kernels.cli import positive_int
 from helion_kernels.kernels import get_spec
 from helion_kernels.ops import postnorm
@@ -122,7 +123,7 @@ def plot(df: pd.DataFrame, meta: dict, path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r.M}x{r.K}x{r.N}" for r in df.itertuples()]
+    labels = row_labels(df)
     fig, axes = plt.subplots(2, 1, figsize=(max(8, len(df) * 0.9), 8))
     speed = df[["forward_speedup", "speedup_vs_best_unfused"]].rename(
         columns={"forward_speedup": "inference (y only)", "speedup_vs_best_unfused": "training (y and h)"})
