@@ -67,7 +67,7 @@ def test_bad_inputs_raise_before_launch(monkeypatch):
     for name in ("launch", "launch_kernel"):
         monkeypatch.setattr(runtime, name, lambda *a: pytest.fail("launched on bad input"))
     a, b, c, w = _operands(8, 16, 24, 8, torch.float32, "cpu", 0)
-    with pytest.raises(ValueError, match=r"c must be 2-D \[N, N2\] with N = 24"):
+    with pytest.raises(ValueError, match=r"c must have shape \[N, N2\] with N = 24"):
         matmul_rmsnorm_matmul(a, b, c[:20], w)
     with pytest.raises(TypeError, match="c must have the dtype"):
         matmul_rmsnorm_matmul(a, b, c.double(), w)

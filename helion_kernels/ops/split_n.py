@@ -243,7 +243,7 @@ def matmul_rmsnorm_matmul(
     if not isinstance(c, torch.Tensor):
         raise TypeError(f"{op}: c must be a torch.Tensor, got {type(c).__name__}")
     if c.dim() != 2 or c.shape[0] != n:
-        raise ValueError(f"{op}: c must be 2-D [N, N2] with N = {n} (b is {tuple(b.shape)}), "
+        raise ValueError(f"{op}: c must have shape [N, N2] with N = {n}, the columns of b (b is {tuple(b.shape)}), "
                          f"got shape {tuple(c.shape)}")
     if c.dtype != a.dtype:
         raise TypeError(f"{op}: c must have the dtype of a and b ({a.dtype}), got {c.dtype}")
