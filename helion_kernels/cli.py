@@ -88,7 +88,12 @@ def _parser() -> argparse.ArgumentParser:
         "tune on this many GPUs at once (a count, or 'all'): one worker process per GPU takes the "
         "next shape from one queue, the largest first (default 1: in this process)"))
 
-    bench = sub.add_parser("bench", help="time a kernel over a workload against the unfused baselines")
+    bench = sub.add_parser("bench", help="time a kernel over a workload against the unfused baselines", description=(
+        "Time a kernel over a workload's rows against the unfused baselines (cuBLAS + the compiled "
+        "norm, and Liger's norm where installed), as CUDA-graph medians, and write "
+        "<kernel>_<workload>[_<the --where in words>].{csv,md,json,png} under --out. Without a CUDA GPU nothing is "
+        "timed: it checks, per row, which registry config a call would use and that Helion generates "
+        "code for it, then prints the committed results."))
     common(bench, shape=False)
     bench.add_argument("--out", type=Path, default=None, help="results folder (default bench/results/<gpu>/)")
     bench.add_argument("--repeats", type=positive_int, default=1, help=(

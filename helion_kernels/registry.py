@@ -281,6 +281,8 @@ def _load(path: Path) -> tuple[dict, dict[tuple, Entry]]:
             raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT_VERSION}")
         if doc.get("kernel", path.stem) != path.stem:
             raise ValueError(f"the file holds {doc['kernel']!r}'s entries, its name says {path.stem!r}")
+        if not isinstance(doc["entries"], list):  # {} would iterate as no entries and pass silently
+            raise TypeError(f"'entries' must be a list, got {type(doc['entries']).__name__}")
         entries = [Entry.from_json(obj) for obj in doc["entries"]]
         keys = [e.key for e in entries]
         if len(set(keys)) != len(keys):

@@ -55,8 +55,9 @@ _ENTRY = '{"M": 1, "K": 2, "N": 3, "dtype": "bfloat16", "config": {"block_sizes"
     ('{"format": 1, "entries": [%s]}' % _ENTRY.replace("[16]", '"x"'), "'block_sizes'"),
     ('{"format": 1, "entries": [%s]}' % _ENTRY.replace("[16]", '[16], "num_warps": -3'), "'num_warps'"),
     ('{"format": 1, "entries": [%s]}' % _ENTRY.replace("[16]", '[16], "num_stages": 2.5'), "'num_stages'"),
+    ('{"format": 1, "entries": {}}', "'entries' must be a list, got dict"),
 ], ids=["empty", "truncated", "not_object", "other_format", "entry_missing_fields", "other_kernel", "duplicate_key",
-        "unknown_dtype", "block_sizes_text", "negative_warps", "fractional_stages"])
+        "unknown_dtype", "block_sizes_text", "negative_warps", "fractional_stages", "entries_empty_dict"])
 def test_corrupt_file_raises_naming_it_and_is_never_overwritten(registry_dir, content, reason):
     registry.save_entry("k", "g", _entry(1, 2, 3))
     path = registry_dir / "g" / "k.json"
