@@ -231,7 +231,8 @@ def test_refuses_a_csv_of_another_kernel(tmp_path, run):
 # entry (the whole table but for entries re-tuned after their row was last measured).
 BENCHMARKED = {
     "matmul_layernorm_split_n": (("postnorm_split_n",), 10),
-    "matmul_rmsnorm_split_n": (("postnorm_split_n",), 10),
+    # 262144x2048x2048 was re-tuned (2026-12-03) after its row's newest benchmark
+    "matmul_rmsnorm_split_n": (("postnorm_split_n",), 9),
     "matmul_layernorm": (("postnorm_fullrow",), 16),
     "matmul_rmsnorm": (("postnorm_fullrow",), 16),
     "rmsnorm_matmul": (("prenorm_rmsnorm",), 30),
