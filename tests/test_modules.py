@@ -5,12 +5,13 @@ autocast (CUDA), torch.compile."""
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
-from helion_kernels import LinearLayerNorm, LinearRMSNorm, RMSNormLinear
+from helion_kernels import LinearLayerNorm, LinearRMSNorm, RMSNormLinear, modules
 from helion_kernels.verify import check_outputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -251,6 +252,31 @@ def test_autocast_with_fp32_parameters(kind, eps):
     check_outputs(ours, theirs.float(), torch.bfloat16)
     ours.float().sum().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in module.parameters())
+
+
+@ON_DEVICE
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.parametrize("kind", KINDS)
+def test_autocast_dtype_probe_is_quiet_and_compiles(kind, monkeypatch):
+    """The module asks torch, with a tiny probe, what dtype its norm returns under autocast.
+    Eager, the probe's own dtype-mismatch warning from torch is not shown to the user; under
+    ``torch.compile(fullgraph=True)`` the probe (not yet cached) traces without a graph break
+    (a warnings filter would break it)."""
+    pair = _pair(kind, 32, 24, False, 1e-5, torch.float32, seed=7)
+    module = _module(kind, pair)
+    x = torch.randn(2, 3, 32, device=DEVICE)
+    monkeypatch.setattr(modules, "_NORM_DTYPES", {})
+    with torch.autocast(DEVICE, dtype=torch.bfloat16), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        eager = module(x)
+    assert not [w for w in seen if "Mismatch dtype between input and weight" in str(w.message)]
+    monkeypatch.setattr(modules, "_NORM_DTYPES", {})
+    torch._dynamo.reset()
+    backend = "inductor" if DEVICE == "cuda" else "aot_eager"
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        compiled = torch.compile(module, fullgraph=True, backend=backend)(x)
+    assert compiled.dtype == eager.dtype
+    check_outputs(compiled, eager.float(), torch.bfloat16)
 
 
 @ON_DEVICE
