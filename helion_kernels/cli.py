@@ -15,12 +15,13 @@ import re
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import torch
 
 from . import registry, workloads
-from .kernels import CATALOG, DEPRECATED, get_spec
+from .kernels import CATALOG, DEPRECATED, canonical_name, get_spec
 
 DTYPES = {name: getattr(torch, name) for name in registry.DTYPE_NAMES}
 WIDTH = 120  # what the CPU report is laid out for
@@ -406,11 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler = {"autotune": _cmd_autotune, "bench": _cmd_bench, "list": _cmd_list}[args.command]
     try:
-        if getattr(args, "kernel", None) in DEPRECATED:  # a one-line note, not a warning pointing into this file
-            new = DEPRECATED[args.kernel]
-            print(f"helion-kernels {args.command}: note: kernel name {args.kernel!r} is deprecated; "
-                  f"it is now {new!r}", file=sys.stderr)
-            args.kernel = new
+        if getattr(args, "kernel", None):
+            with warnings.catch_warnings(record=True) as notes:
+                warnings.simplefilter("always", FutureWarning)
+                args.kernel = canonical_name(args.kernel)
+            for note in notes:  # a deprecated name: one line, not a warning that prints a line of this file
+                print(f"helion-kernels {args.command}: note: {note.message}", file=sys.stderr)
         return handler(args)
     except (ValueError, registry.RegistryError) as err:
         print(f"helion-kernels {args.command}: error: {err}", file=sys.stderr)
