@@ -1,5 +1,6 @@
 """``bench/gemm_ceiling.py``: every GEMM workload row once, the newest measurement, the aim
-checked, and the committed report current."""
+checked on the median of the runs since the row's entry was tuned, and the committed report
+current."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def test_every_committed_row_once_with_the_aim(tmp_path):
     assert len(df) == len(tables.drop_duplicates()) and not df.duplicated(["M", "K", "N"]).any()
     assert (df["aim"] == df["K"].map(lambda k: 1.07 if k >= 512 else 1.15)).all()
     checked = df[df.status.isin(["meets", "misses"])]
-    assert ((checked.helion_gemm_vs_cublas <= checked.aim) == (checked.status == "meets")).all()
+    assert ((checked.runs_median <= checked.aim) == (checked.status == "meets")).all()
+    assert (checked.runs >= 1).all() and (checked.runs_min <= checked.runs_median).all()
+    assert (checked.runs_median <= checked.runs_max).all()
     assert df[df.status == "not measured"].helion_gemm_vs_cublas.isna().all()
 
 
@@ -49,7 +52,8 @@ def _bench_file(folder: Path, stem: str, date: str | None, rows: list[dict]) -> 
 def test_newest_timed_measurement_wins_and_single_runs_and_empty_folders_work(tmp_path, monkeypatch):
     """Synthetic results: an old repeated run, a newer single run (no spread, no repeats), a
     newest one whose GEMM ratio is missing, a result without a date; a registry entry tuned
-    between the first two."""
+    between the first two; a row without an entry measured twice, whose newest run alone would
+    miss the aim and whose median meets it."""
     from helion_kernels import registry
     from helion_kernels.spec import Shape
 
@@ -64,6 +68,8 @@ def test_newest_timed_measurement_wins_and_single_runs_and_empty_folders_work(tm
                 [{**row, "helion_gemm_vs_cublas": 1.05, "fused_vs_helion_gemm": 1.3},
                  {**row, "K": 256, "N": 256, "helion_gemm_vs_cublas": 1.10}])
     _bench_file(results / GPU, "newest", "2026-03-01T00:00:00+00:00", [{**row, "helion_gemm_vs_cublas": None}])
+    _bench_file(results / GPU, "again", "2026-02-15T00:00:00+00:00", [{**row, "K": 256, "N": 256,
+                                                                       "helion_gemm_vs_cublas": 1.18}])
     _bench_file(results / GPU, "undated", None, [{**row, "M": 131072, "helion_gemm_vs_cublas": 1.0}])
     # a single run from before the bench wrote the ratio columns: the ratios come from the times
     _bench_file(results / GPU, "single", "2026-01-01T00:00:00+00:00",
@@ -80,8 +86,13 @@ def test_newest_timed_measurement_wins_and_single_runs_and_empty_folders_work(tm
     df = run(tmp_path / "a")
     assert df.loc[(65536, 1024, 1024), ["helion_gemm_vs_cublas", "status", "matmul_entry", "file"]].tolist() == \
         [1.05, "meets", "exact", "new.csv"]
+    # the run before the entry was tuned (1.20) is not one of its runs
+    assert df.loc[(65536, 1024, 1024), ["runs", "runs_median"]].tolist() == [1, 1.05]
     assert df.loc[(65536, 1024, 1024), "rmsnorm_matmul_vs_helion_gemm"] == 1.3
-    assert df.loc[(65536, 256, 256), "status"] == "meets"  # 1.10 under the 1.15 aim below K = 512
+    # no entry: both runs count; the newest (1.18) misses the 1.15 aim below K = 512, the median meets it
+    assert df.loc[(65536, 256, 256), ["helion_gemm_vs_cublas", "runs", "runs_min", "runs_max", "status"]].tolist() \
+        == [1.18, 2, 1.10, 1.18, "meets"]
+    assert abs(df.loc[(65536, 256, 256), "runs_median"] - 1.14) < 1e-12
     assert df.loc[(131072, 1024, 1024), "status"] == "date unknown"
     assert df.loc[(262144, 64, 64), ["helion_gemm_vs_cublas", "rmsnorm_matmul_vs_helion_gemm", "status"]].tolist() == \
         [2.0, 0.5, "misses"]
