@@ -399,7 +399,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
         for name in CATALOG:
             entries = registry.entries_for(name, gpu)
             if entries:
-                print(f"  {gpu:24} {name:26} {len(entries)} entries")
+                layers = registry.entries_by_layer(name, gpu)
+                split = (f" ({len(layers['user'])} in the user registry, {len(layers['shipped'])} shipped)"
+                         if layers["user"] and layers.get("shipped") else "")
+                print(f"  {gpu:24} {name:26} {len(entries)} entries{split}")
     return 0
 
 

@@ -321,6 +321,14 @@ def entries_for(kernel: str, gpu: str) -> dict[tuple, Entry]:
     return merged
 
 
+def entries_by_layer(kernel: str, gpu: str) -> dict[str, dict[tuple, Entry]]:
+    """``kernel``'s entries for ``gpu`` in each registry layer, ``{"user": ..., "shipped": ...}``
+    (only ``"user"`` when both layers are one folder, e.g. a checkout pointing
+    ``$HELION_KERNELS_CONFIG_DIR`` at its own ``configs/``)."""
+    roots = _roots()
+    return dict(zip(("user", "shipped"), (_cached_entries(root / gpu / f"{kernel}.json") for root in roots)))
+
+
 def _same_architecture(kernel: str, gpu: str) -> tuple[str, dict[tuple, Entry]] | None:
     """Another GPU of ``gpu``'s architecture with entries for ``kernel`` (the one with the
     most; ties by name), and those entries; None if there is none."""

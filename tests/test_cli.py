@@ -31,7 +31,24 @@ def test_list(capsys, workload_registry):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "rmsnorm_matmul" in out and re.search(r"prenorm_rmsnorm +30 rows \(gemm\)", out)
-    assert re.search(r"some_gpu_sm90 +rmsnorm_matmul +1 entries", out)
+    assert re.search(r"some_gpu_sm90 +rmsnorm_matmul +1 entries\n", out)  # one layer: no split
+
+
+def test_list_counts_the_user_and_shipped_layers(capsys, workload_registry, monkeypatch, tmp_path_factory):
+    """A user entry that overrides a shipped key and one that adds a key: 3 entries in all,
+    2 of them the user's, 2 shipped."""
+    shipped = tmp_path_factory.mktemp("shipped")
+    monkeypatch.setattr(registry, "shipped_dir", lambda: shipped)
+    cfg = helion.Config(block_sizes=[64, 64, 64])
+    user = workload_registry
+    layers = ((shipped, (Shape(64, 64, 64), Shape(128, 64, 64))), (user, (Shape(64, 64, 64), Shape(256, 64, 64))))
+    for root, shapes in layers:
+        monkeypatch.setenv("HELION_KERNELS_CONFIG_DIR", str(root))
+        for shape in shapes:
+            registry.save_entry("rmsnorm_matmul", "some_gpu_sm90", registry.Entry(shape, "bfloat16", cfg))
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"some_gpu_sm90 +rmsnorm_matmul +3 entries \(2 in the user registry, 2 shipped\)", out), out
 
 
 def test_list_reports_a_bad_table_and_goes_on(capsys, workload_registry):
