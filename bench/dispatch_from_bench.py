@@ -103,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         args.kernel = get_spec(args.kernel).name  # an old name: the op's current one
     except ValueError as err:
         raise SystemExit(str(err)) from None
+    if not args.csv.is_file():
+        parser.error(f"--csv {args.csv}: no such file")
     frame = pd.read_csv(args.csv)
     if args.training and args.kernel not in TRAINING_KERNELS:
         raise SystemExit(f"--training: only {' and '.join(TRAINING_KERNELS)} follow a training decision")

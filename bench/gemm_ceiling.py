@@ -19,6 +19,9 @@ Writes ``bench/results/<gpu>/gemm_ceiling.{csv,md,png}``.
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import sys
 from pathlib import Path
 
 import matplotlib
@@ -49,15 +52,21 @@ def measurements(folder: Path) -> pd.DataFrame:
     (NaT where the file has no ``.json``)."""
     frames = []
     for csv in sorted(folder.glob("*.csv")):
-        columns = pd.read_csv(csv, nrows=0).columns
-        if csv.stem == "gemm_ceiling" or not {"dtype", *KEY} <= set(columns):
+        if csv.stem == "gemm_ceiling":
             continue
-        if "helion_gemm_vs_cublas" not in columns and not {"helion_matmul_ms", "cublas_mm_ms"} <= set(columns):
+        try:  # a stray or half-written file is named and left out; the report goes on
+            columns = pd.read_csv(csv, nrows=0).columns
+            if not {"dtype", *KEY} <= set(columns):
+                continue
+            if "helion_gemm_vs_cublas" not in columns and not {"helion_matmul_ms", "cublas_mm_ms"} <= set(columns):
+                continue
+            meta = registry.result_meta(csv)
+            df = pd.read_csv(csv)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, json.JSONDecodeError, UnicodeDecodeError) as err:
+            print(f"gemm_ceiling: left out {csv.name} ({type(err).__name__}: {err})", file=sys.stderr)
             continue
-        meta = registry.result_meta(csv)
         # the bench writes the kernel's own timing column first, before the baselines
         kernel = meta.get("kernel") or next(c[:-3] for c in columns if c.endswith("_ms"))
-        df = pd.read_csv(csv)
         df = df[df["dtype"] == "bfloat16"].assign(kernel=kernel, file=csv.name,
                                                   measured_at=registry.timestamp(meta.get("date")))
         if "repeats" not in df:
@@ -116,7 +125,8 @@ def report(gpu: str, results: Path, configs: Path) -> pd.DataFrame:
     out["status"] = out.apply(status, axis=1)
     out["measured_at"] = [t.isoformat() if pd.notna(t) else "" for t in out["measured_at"]]
     out["file"] = out["file"].fillna("")
-    out["matmul_entry"] = ["exact" if tuple(k) in tuned else "nearest" for k in out[KEY].itertuples(index=False)]
+    out["matmul_entry"] = ["exact" if tuple(k) in tuned else "nearest" if tuned else "none"
+                           for k in out[KEY].itertuples(index=False)]
     return out
 
 
@@ -135,7 +145,8 @@ def plot(df: pd.DataFrame, path: Path, gpu: str) -> None:
     ax.step(measured.index, measured["aim"], where="mid", color="black", linewidth=1, label="aim")
     ax.axhline(1.0, color="black", linewidth=0.5, linestyle=":")
     ax.set_xticks(measured.index, [f"{r.M}x{r.K}x{r.N}" for r in measured.itertuples()], rotation=90, fontsize=7)
-    ax.set_ylim(0.8, max(1.3, measured[["helion_gemm_vs_cublas", "runs_max"]].max().max() + 0.05))
+    lowest = measured[["helion_gemm_vs_cublas", "runs_min"]].min().min()
+    ax.set_ylim(min(0.8, math.floor((lowest - 0.02) * 20) / 20), max(1.3, measured[["helion_gemm_vs_cublas", "runs_max"]].max().max() + 0.05))
     ax.set_ylabel("Helion matmul time / cuBLAS time")
     ax.set_title(f"Plain Helion GEMM against cuBLAS: median of the runs since tuning, min to max ({gpu}, bf16)",
                  fontsize=10)
@@ -145,22 +156,41 @@ def plot(df: pd.DataFrame, path: Path, gpu: str) -> None:
     plt.close(fig)
 
 
+def _paths(args) -> str:
+    """The --results and --configs given, where they are not the checkout's (for the command line)."""
+    given = [(flag, path) for flag, path, default in (("--results", args.results, ROOT / "bench" / "results"),
+                                                      ("--configs", args.configs, ROOT / "configs"))
+             if path.resolve() != default.resolve()]
+    return "".join(f" {flag} {path}" for flag, path in given)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--gpu", default="nvidia_h200_sm90", help="registry GPU key (default %(default)s)")
-    p.add_argument("--results", type=Path, default=ROOT / "bench" / "results", help="results root")
+    p.add_argument("--results", type=Path, default=ROOT / "bench" / "results",
+                   help="results root, the folder above the GPU folders (default: the checkout's bench/results)")
     p.add_argument("--configs", type=Path, default=ROOT / "configs", help="registry root (default: the checkout's)")
     p.add_argument("--out", type=Path, default=None, help="folder (default bench/results/<gpu>/)")
     args = p.parse_args(argv)
+    folder = args.results / args.gpu
+    if not folder.is_dir() or not any(folder.glob("*.csv")):
+        found = sorted(d.name for d in args.results.iterdir() if d.is_dir()) if args.results.is_dir() else []
+        p.error(f"no benchmark results in {folder}" + (f"; the folders there: {', '.join(found)}" if found else
+                                                        f" (--results is the folder above the GPU folders)"))
+    if not (args.configs / "workloads").is_dir():
+        p.error(f"{args.configs} has no workloads/ folder (--configs is a registry root, e.g. the checkout's configs/)")
+    out = args.out or folder
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out} is a file, not a folder")
     df = report(args.gpu, args.results, args.configs)
-    out = args.out or args.results / args.gpu
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "gemm_ceiling.csv", index=False)
     counts = df["status"].value_counts().reindex(
         ["meets", "misses", "re-tuned since", "date unknown", "not measured"], fill_value=0)
     (out / "gemm_ceiling.md").write_text("\n".join([
         f"# The Helion GEMM against cuBLAS on every workload row ({args.gpu})", "",
-        f"- command: `python bench/gemm_ceiling.py --gpu {args.gpu}` (from the committed benchmarks and registry)",
+        f"- command: `python bench/gemm_ceiling.py --gpu {args.gpu}{_paths(args)}`"
+        + ("" if _paths(args) else " (from the committed benchmarks and registry)"),
         "- helion_gemm_vs_cublas: the plain Helion `matmul`'s time over cuBLAS's in the newest benchmark that timed"
         " the row (`file`, `measured_at`; medians over `repeats`, spread = max - min over them; from the two"
         " times where a single run predates the ratio columns); aim: 1.07 at K >= 512, 1.15 below",

@@ -395,19 +395,47 @@ def _cmd_list(args: argparse.Namespace) -> int:
             except ValueError as err:
                 print(f"  {name:26} unusable ({kind}): {err}")
     print(f"registry (user: {registry.user_dir()}; shipped: {registry.shipped_dir()}):")
-    for gpu in registry.known_gpus():
+    gpus = registry.known_gpus()
+    width = max([24, *map(len, gpus)])
+    for gpu in gpus:
         for name in CATALOG:
-            entries = registry.entries_for(name, gpu)
-            if entries:
+            try:  # one corrupt file is reported, and the listing goes on
                 layers = registry.entries_by_layer(name, gpu)
-                split = (f" ({len(layers['user'])} in the user registry, {len(layers['shipped'])} shipped)"
-                         if layers["user"] and layers.get("shipped") else "")
-                print(f"  {gpu:24} {name:26} {len(entries)} entries{split}")
+            except registry.RegistryError as err:
+                print(f"  {gpu:{width}} {name:26} unusable: {err}")
+                continue
+            merged = {**layers.get("shipped", {}), **layers["user"]}
+            if merged:
+                print(f"  {gpu:{width}} {name:26} {_count(len(merged), 'entry', 'entries')}{_layers(layers)}")
+        for path in registry.unknown_files(gpu, CATALOG):
+            hint = f"; its op is now {DEPRECATED[path.stem]}" if path.stem in DEPRECATED else ""
+            print(f"  {gpu:{width}} {path.name}: no op of this name{hint}; ignored")
     return 0
 
 
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _layers(layers: dict) -> str:
+    """Where a kernel's entries come from, when the two registry layers are separate folders."""
+    if "shipped" not in layers:  # both layers are one folder
+        return ""
+    user, shipped = layers["user"], layers["shipped"]
+    if not user:
+        return " (shipped)"
+    replacing = len(user.keys() & shipped.keys())
+    mine = f"{len(user)} yours" + (f", {replacing} replacing shipped ones" if replacing else "")
+    return f" ({mine}; {len(shipped)} shipped)" if shipped else " (all yours)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:  # the parser lists the workload tables, which reads the user registry folder
+        parser = _parser()
+    except registry.RegistryError as err:
+        print(f"helion-kernels: error: {err}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     handler = {"autotune": _cmd_autotune, "bench": _cmd_bench, "list": _cmd_list}[args.command]
     try:
         if getattr(args, "kernel", None):

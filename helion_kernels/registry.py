@@ -277,6 +277,8 @@ def _load(path: Path) -> tuple[dict, dict[tuple, Entry]]:
         raise RegistryError(f"registry file {path} cannot be read ({type(err).__name__}: {err})") from err
     try:
         doc = json.loads(raw.decode("utf-8"))
+        if not isinstance(doc, dict):
+            raise TypeError(f"the file holds a JSON {type(doc).__name__}, not a registry object")
         if doc.get("format") != FORMAT_VERSION:
             raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT_VERSION}")
         if doc.get("kernel", path.stem) != path.stem:
@@ -288,10 +290,12 @@ def _load(path: Path) -> tuple[dict, dict[tuple, Entry]]:
         if len(set(keys)) != len(keys):
             raise ValueError(f"key {next(k for k in keys if keys.count(k) > 1)} appears more than once")
     except (ValueError, KeyError, TypeError, AttributeError) as err:  # UnicodeDecodeError too
+        shipped = path.resolve().is_relative_to(shipped_dir().resolve())
         raise RegistryError(
             f"registry file {path} is corrupt or incomplete ({type(err).__name__}: {err}). "
-            "It was left untouched; fix or remove it (for the registry committed in a "
-            "checkout, `git checkout` restores the committed version)."
+            "It was left untouched; fix or remove it"
+            + (" (in a checkout, `git checkout` restores the committed version)." if shipped else
+               " (removing it loses the configs tuned into it; `autotune` writes a new one).")
         ) from err
     return doc, {e.key: e for e in entries}
 
@@ -319,6 +323,12 @@ def entries_for(kernel: str, gpu: str) -> dict[tuple, Entry]:
     for root in reversed(_roots()):  # shipped first, then the user's over it
         merged.update(_cached_entries(root / gpu / f"{kernel}.json"))
     return merged
+
+
+def unknown_files(gpu: str, kernels) -> list[Path]:
+    """Registry files of ``gpu``, in either layer, whose names are none of ``kernels`` (a typo,
+    or an op's former name): no lookup reads them."""
+    return sorted(p for root in _roots() for p in (root / gpu).glob("*.json") if p.stem not in kernels)
 
 
 def entries_by_layer(kernel: str, gpu: str) -> dict[str, dict[tuple, Entry]]:

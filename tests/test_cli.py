@@ -31,24 +31,46 @@ def test_list(capsys, workload_registry):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "rmsnorm_matmul" in out and re.search(r"prenorm_rmsnorm +30 rows \(gemm\)", out)
-    assert re.search(r"some_gpu_sm90 +rmsnorm_matmul +1 entries\n", out)  # one layer: no split
+    assert re.search(r"some_gpu_sm90 +rmsnorm_matmul +1 entry \(all yours\)\n", out)
 
 
 def test_list_counts_the_user_and_shipped_layers(capsys, workload_registry, monkeypatch, tmp_path_factory):
-    """A user entry that overrides a shipped key and one that adds a key: 3 entries in all,
-    2 of them the user's, 2 shipped."""
+    """A user entry that replaces a shipped key and one that adds a key: 3 entries in all, 2 of
+    them the user's, 2 shipped; a GPU only the user has; a kernel only shipped; a file named after
+    no op (a typo, an op's former name) is named as ignored; one corrupt file does not stop the
+    listing."""
     shipped = tmp_path_factory.mktemp("shipped")
     monkeypatch.setattr(registry, "shipped_dir", lambda: shipped)
     cfg = helion.Config(block_sizes=[64, 64, 64])
     user = workload_registry
-    layers = ((shipped, (Shape(64, 64, 64), Shape(128, 64, 64))), (user, (Shape(64, 64, 64), Shape(256, 64, 64))))
-    for root, shapes in layers:
+    saves = ((shipped, "some_gpu_sm90", "rmsnorm_matmul", (64, 128)), (shipped, "some_gpu_sm90", "matmul", (64,)),
+             (user, "some_gpu_sm90", "rmsnorm_matmul", (64, 256)), (user, "a_longer_gpu_name_80gb_hbm3_sm90", "matmul", (64,)))
+    for root, gpu, kernel, ms in saves:
         monkeypatch.setenv("HELION_KERNELS_CONFIG_DIR", str(root))
-        for shape in shapes:
-            registry.save_entry("rmsnorm_matmul", "some_gpu_sm90", registry.Entry(shape, "bfloat16", cfg))
+        for m in ms:
+            registry.save_entry(kernel, gpu, registry.Entry(Shape(m, 64, 64), "bfloat16", cfg))
+    (user / "some_gpu_sm90" / "matmull.json").write_text("{}")
+    (user / "some_gpu_sm90" / "matmul_layernorm_row_sweep.json").write_text("{}")
+    (user / "some_gpu_sm90" / "matmul_rmsnorm.json").write_text("[]")
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"some_gpu_sm90 +rmsnorm_matmul +3 entries \(2 in the user registry, 2 shipped\)", out), out
+    assert re.search(r"some_gpu_sm90 +rmsnorm_matmul +3 entries \(2 yours, 1 replacing shipped ones; 2 shipped\)",
+                     out), out
+    assert re.search(r"some_gpu_sm90 +matmul +1 entry \(shipped\)", out), out
+    assert re.search(r"a_longer_gpu_name_80gb_hbm3_sm90 matmul +1 entry \(all yours\)", out), out
+    assert re.search(r"some_gpu_sm90 +matmull.json: no op of this name; ignored", out), out
+    assert re.search(r"matmul_layernorm_row_sweep.json: no op of this name; its op is now matmul_layernorm_split_n", out)
+    assert re.search(r"some_gpu_sm90 +matmul_rmsnorm +unusable: .*matmul_rmsnorm.json is corrupt or incomplete "
+                     r"\(TypeError: the file holds a JSON list, not a registry object\).*removing it loses", out), out
+    assert "git checkout" not in out  # that hint is for the shipped registry of a checkout
+
+
+def test_a_config_dir_that_is_a_file_is_one_clear_error(capsys, tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("HELION_KERNELS_CONFIG_DIR", str(tmp_path / "file"))
+    assert main(["list"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("helion-kernels: error: $HELION_KERNELS_CONFIG_DIR") and "Traceback" not in err
 
 
 def test_list_reports_a_bad_table_and_goes_on(capsys, workload_registry):

@@ -49,7 +49,7 @@ def _bench_file(folder: Path, stem: str, date: str | None, rows: list[dict]) -> 
         (folder / f"{stem}.json").write_text(json.dumps({"date": date, "kernel": "rmsnorm_matmul"}))
 
 
-def test_newest_timed_measurement_wins_and_single_runs_and_empty_folders_work(tmp_path, monkeypatch):
+def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_folders(tmp_path, monkeypatch):
     """Synthetic results: an old repeated run, a newer single run (no spread, no repeats), a
     newest one whose GEMM ratio is missing, a result without a date; a registry entry tuned
     between the first two; a row without an entry measured twice, whose newest run alone would
@@ -99,6 +99,22 @@ def test_newest_timed_measurement_wins_and_single_runs_and_empty_folders_work(tm
     measured = [(65536, 1024, 1024), (65536, 256, 256), (131072, 1024, 1024), (262144, 64, 64)]
     assert (df.drop(index=measured).status == "not measured").all()
 
+    # a stray empty table and a malformed .json are named and left out; the report goes on
+    (results / GPU / "stray.csv").write_text("")
+    _bench_file(results / GPU, "broken", None, [{**row, "M": 131072, "helion_gemm_vs_cublas": 1.0}])
+    (results / GPU / "broken.json").write_text("{not json")
+    done = run_bench_script("gemm_ceiling", "--gpu", GPU, "--results", results, "--configs", configs,
+                            "--out", tmp_path / "b")
+    assert done.returncode == 0 and "left out stray.csv" in done.stderr and "left out broken.csv" in done.stderr
+    again = pd.read_csv(tmp_path / "b" / "gemm_ceiling.csv", keep_default_na=False, na_values=[""])
+    assert again.equals(pd.read_csv(tmp_path / "a" / "gemm_ceiling.csv", keep_default_na=False, na_values=[""]))
+    assert f"--results {results} --configs {configs}" in (tmp_path / "b" / "gemm_ceiling.md").read_text()
+
+    # no results for the GPU (a typo, or --results one folder too deep), or no registry root: a clear error
     for path in (results / GPU).iterdir():
         path.unlink()
-    assert (run(tmp_path / "b").status == "not measured").all()
+    for args, message in ((("--gpu", GPU, "--results", results), f"no benchmark results in {results / GPU}"),
+                          (("--gpu", "other_gpu", "--results", results / GPU), "--results is the folder above the GPU folders"),
+                          (("--gpu", GPU, "--configs", tmp_path / "none"), "has no workloads/ folder")):
+        done = run_bench_script("gemm_ceiling", *args, "--out", tmp_path / "c")
+        assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr
