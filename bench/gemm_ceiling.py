@@ -187,10 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     df.to_csv(out / "gemm_ceiling.csv", index=False)
     counts = df["status"].value_counts().reindex(
         ["meets", "misses", "re-tuned since", "date unknown", "not measured"], fill_value=0)
+    paths = _paths(args)
     (out / "gemm_ceiling.md").write_text("\n".join([
         f"# The Helion GEMM against cuBLAS on every workload row ({args.gpu})", "",
-        f"- command: `python bench/gemm_ceiling.py --gpu {args.gpu}{_paths(args)}`"
-        + ("" if _paths(args) else " (from the committed benchmarks and registry)"),
+        f"- command: `python bench/gemm_ceiling.py --gpu {args.gpu}{paths}`"
+        + ("" if paths else " (from the committed benchmarks and registry)"),
         "- helion_gemm_vs_cublas: the plain Helion `matmul`'s time over cuBLAS's in the newest benchmark that timed"
         " the row (`file`, `measured_at`; medians over `repeats`, spread = max - min over them; from the two"
         " times where a single run predates the ratio columns); aim: 1.07 at K >= 512, 1.15 below",

@@ -400,11 +400,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for gpu in gpus:
         for name in CATALOG:
             try:  # one corrupt file is reported, and the listing goes on
-                layers = registry.entries_by_layer(name, gpu)
+                layers, merged = registry.entries_by_layer(name, gpu), registry.entries_for(name, gpu)
             except registry.RegistryError as err:
                 print(f"  {gpu:{width}} {name:26} unusable: {err}")
                 continue
-            merged = {**layers.get("shipped", {}), **layers["user"]}
             if merged:
                 print(f"  {gpu:{width}} {name:26} {_count(len(merged), 'entry', 'entries')}{_layers(layers)}")
         for path in registry.unknown_files(gpu, CATALOG):

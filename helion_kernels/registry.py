@@ -319,10 +319,8 @@ def _cached_entries(path: Path) -> dict[tuple, Entry]:
 
 def entries_for(kernel: str, gpu: str) -> dict[tuple, Entry]:
     """The entries of ``kernel`` for ``gpu``, both layers merged (user entries win)."""
-    merged: dict[tuple, Entry] = {}
-    for root in reversed(_roots()):  # shipped first, then the user's over it
-        merged.update(_cached_entries(root / gpu / f"{kernel}.json"))
-    return merged
+    layers = entries_by_layer(kernel, gpu)
+    return {**layers.get("shipped", {}), **layers["user"]}
 
 
 def unknown_files(gpu: str, kernels) -> list[Path]:
@@ -335,8 +333,7 @@ def entries_by_layer(kernel: str, gpu: str) -> dict[str, dict[tuple, Entry]]:
     """``kernel``'s entries for ``gpu`` in each registry layer, ``{"user": ..., "shipped": ...}``
     (only ``"user"`` when both layers are one folder, e.g. a checkout pointing
     ``$HELION_KERNELS_CONFIG_DIR`` at its own ``configs/``)."""
-    roots = _roots()
-    return dict(zip(("user", "shipped"), (_cached_entries(root / gpu / f"{kernel}.json") for root in roots)))
+    return dict(zip(("user", "shipped"), (_cached_entries(root / gpu / f"{kernel}.json") for root in _roots())))
 
 
 def _same_architecture(kernel: str, gpu: str) -> tuple[str, dict[tuple, Entry]] | None:

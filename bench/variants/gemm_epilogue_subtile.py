@@ -52,13 +52,10 @@ def variant_config(base: dict, changes: dict):
     import helion
 
     config = {**base, **changes}
-    if "epilogue_subtile" in changes:
-        indexing = config.get("indexing", "pointer")
-        if isinstance(indexing, list):
-            config["indexing"] = [*indexing[:-1], "tensor_descriptor"]
-        elif indexing != "tensor_descriptor":
-            config["indexing"] = ["pointer", "pointer", "tensor_descriptor"] if indexing == "pointer" else \
-                [indexing, indexing, "tensor_descriptor"]
+    indexing = config.get("indexing", "pointer")
+    if "epilogue_subtile" in changes and indexing != "tensor_descriptor":
+        accesses = indexing if isinstance(indexing, list) else [indexing] * 3  # a load of a, of b, the store
+        config["indexing"] = [*accesses[:-1], "tensor_descriptor"]
     return helion.Config(**config)
 
 
@@ -78,23 +75,25 @@ def main() -> int:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     gpu = registry.gpu_key(device) if cuda else "nvidia_h200_sm90"
+    problems = {(pr.M, pr.K, pr.N): pr for pr in workloads.problems(table, "gemm")}
     rows, bounds = [], {}  # bounds: (M, K, N, variant) -> the bound kernel, for the variants that ran correctly
-    for problem in workloads.problems(table, "gemm"):
+    for problem in problems.values():
         found = registry.lookup(spec.name, problem, "bfloat16", gpu, warn=False)
         # without a GPU: uninitialised CPU tensors, code generation only
         call = spec.make_args(problem if cuda else problem.for_codegen(), torch.bfloat16, device, 0 if cuda else None)
         base = dict(runtime.resolve_entry(spec, found, call).config)
         for label, changes in VARIANTS:
             config = variant_config(base, changes)
-            bound = helion.kernel(spec.kernel.fn, static_shapes=True).bind(call)
+            kernel = helion.kernel(spec.kernel.fn, static_shapes=True)  # one per variant: one config each
             row = {"M": problem.M, "K": problem.K, "N": problem.N, "variant": label, "config_from": found.source,
                    "num_stages": config.config.get("num_stages"), "epilogue_subtile": changes.get("epilogue_subtile"),
                    "note": ""}
             try:
                 if not cuda:
-                    status = codegen_status(helion.kernel(spec.kernel.fn, static_shapes=True), call, config)
+                    status = codegen_status(kernel, call, config)
                     row["note"] = "code generated (no GPU: not run)" if status == "ok" else status
                 else:
+                    bound = kernel.bind(call)
                     bound.set_config(config)
                     ref = call[0].float() @ call[1].float()
                     err = float((bound(*call).float() - ref).abs().max() / ref.abs().max())
@@ -115,7 +114,7 @@ def main() -> int:
     df = pd.DataFrame(rows)
     results = []
     for (m, k, n), group in df.groupby(["M", "K", "N"], sort=False):
-        problem = next(pr for pr in workloads.problems(table, "gemm") if (pr.M, pr.K, pr.N) == (m, k, n))
+        problem = problems[(m, k, n)]
         sets = [spec.make_args(problem, torch.bfloat16, device, s) for s in range(input_copies(
             spec.min_bytes(problem, torch.bfloat16), device))]
         columns = {"cublas": [lambda a=a, b=b: torch.mm(a, b) for a, b in sets]}
