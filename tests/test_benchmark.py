@@ -61,3 +61,24 @@ def test_repeated_timing_takes_the_columns_in_turn(monkeypatch):
     assert order == ["f", "g"] * 3
     assert times == {"fused": [1.0, 1.5, 1.2], "helion_matmul": [2.0, 2.5, 2.2]}
     assert benchmark._ratio(times, "fused", "helion_matmul") == pytest.approx([0.5, 0.6, 1.2 / 2.2])
+
+
+@pytest.mark.ref_mode
+@pytest.mark.filterwarnings("ignore::helion_kernels.registry.ConfigFallbackWarning")  # no registry for the CPU
+def test_plain_gemm_benchmark_reports_its_ratio_to_cublas(monkeypatch):
+    """The plain GEMM's own benchmark gives ``helion_gemm_vs_cublas`` (the median of the
+    per-repeat ratios, and their spread) as the fused kernels' benchmarks do for their twin, so
+    its runs count in the GEMM report; it has no fused-over-GEMM ratio."""
+    from helion_kernels.kernels import get_spec
+    from helion_kernels.spec import Shape
+    from helion_kernels.timing import Ceilings
+
+    clock = iter([1.10, 1.00, 1.30, 1.00, 1.20, 1.00])  # (matmul, cublas_mm) per repeat
+    monkeypatch.setattr(benchmark, "time_ms", lambda fns: next(clock))
+    monkeypatch.setattr(benchmark, "input_copies", lambda *a, **k: 1)
+    row = benchmark.bench_problem(get_spec("matmul"), Shape(33, 40, 24), torch.float32, torch.device("cpu"),
+                                  Ceilings(bandwidth_gbps=1000.0, bf16_tflops=100.0), repeats=3)
+    assert row["check"] == "ok"
+    assert row["helion_gemm_vs_cublas"] == pytest.approx(1.20)
+    assert row["helion_gemm_vs_cublas_spread"] == pytest.approx(0.20)
+    assert "fused_vs_helion_gemm" not in row

@@ -43,10 +43,10 @@ def test_committed_report_is_current(tmp_path):
             "run python bench/gemm_ceiling.py after changing benchmarks or the matmul registry"
 
 
-def _bench_file(folder: Path, stem: str, date: str | None, rows: list[dict]) -> None:
+def _bench_file(folder: Path, stem: str, date: str | None, rows: list[dict], kernel: str = "rmsnorm_matmul") -> None:
     pd.DataFrame(rows).to_csv(folder / f"{stem}.csv", index=False)
     if date is not None:
-        (folder / f"{stem}.json").write_text(json.dumps({"date": date, "kernel": "rmsnorm_matmul"}))
+        (folder / f"{stem}.json").write_text(json.dumps({"date": date, "kernel": kernel}))
 
 
 def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_folders(tmp_path, monkeypatch):
@@ -74,6 +74,10 @@ def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_f
     # a single run from before the bench wrote the ratio columns: the ratios come from the times
     _bench_file(results / GPU, "single", "2026-01-01T00:00:00+00:00",
                 [{**row, "M": 262144, "K": 64, "N": 64, "helion_matmul_ms": 2.0, "cublas_mm_ms": 1.0}])
+    # the plain GEMM's own benchmark, from before it wrote the ratio: its own time over cuBLAS's
+    _bench_file(results / GPU, "plain", "2026-01-01T00:00:00+00:00",
+                [{"M": 262144, "K": 128, "N": 128, "dtype": "bfloat16", "matmul_ms": 1.1, "cublas_mm_ms": 1.0}],
+                kernel="matmul")
     monkeypatch.setenv("HELION_KERNELS_CONFIG_DIR", str(configs))
     registry.save_entry("matmul", GPU, registry.Entry(Shape(65536, 1024, 1024), "bfloat16", {"block_sizes": [64, 64, 64]},
                                                       {"tuned_at": "2026-01-15T00:00:00+00:00"}))
@@ -96,7 +100,9 @@ def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_f
     assert df.loc[(131072, 1024, 1024), "status"] == "date unknown"
     assert df.loc[(262144, 64, 64), ["helion_gemm_vs_cublas", "rmsnorm_matmul_vs_helion_gemm", "status"]].tolist() == \
         [2.0, 0.5, "misses"]
-    measured = [(65536, 1024, 1024), (65536, 256, 256), (131072, 1024, 1024), (262144, 64, 64)]
+    assert df.loc[(262144, 128, 128), ["helion_gemm_vs_cublas", "runs", "status"]].tolist() == [1.1, 1, "meets"]
+    assert "matmul_vs_helion_gemm" not in df
+    measured = [(65536, 1024, 1024), (65536, 256, 256), (131072, 1024, 1024), (262144, 64, 64), (262144, 128, 128)]
     assert (df.drop(index=measured).status == "not measured").all()
 
     # a stray empty table and a malformed .json are named and left out; the report goes on
