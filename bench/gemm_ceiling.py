@@ -105,11 +105,16 @@ def report(gpu: str, results: Path, configs: Path) -> pd.DataFrame:
     # every dated run since the row's own entry was tuned (all dated runs where it has none)
     since = pd.Series([tuned.get(tuple(k)) for k in timed[KEY].itertuples(index=False)], index=timed.index,
                       dtype="datetime64[ns, UTC]")
-    runs = (timed[timed.measured_at.notna() & (since.isna() | (timed.measured_at > since))]
-            .groupby(KEY)["helion_gemm_vs_cublas"]
+    recent = timed[timed.measured_at.notna() & (since.isna() | (timed.measured_at > since))]
+    runs = (recent.groupby(KEY)["helion_gemm_vs_cublas"]
             .agg(runs="count", runs_median="median", runs_min="min", runs_max="max").reset_index())
-    out = shapes.merge(gemm, on=KEY, how="left").merge(runs, on=KEY, how="left")
+    # the same GEMM timed alone (`bench --kernel matmul`: its columns are only it and cuBLAS) reads
+    # lower than beside a fused kernel's columns (bench/NOTES.md, nineteenth session): shown apart
+    alone = (recent[recent.kernel == "matmul"].groupby(KEY)["helion_gemm_vs_cublas"]
+             .agg(alone_runs="count", alone_median="median").reset_index())
+    out = shapes.merge(gemm, on=KEY, how="left").merge(runs, on=KEY, how="left").merge(alone, on=KEY, how="left")
     out["runs"] = out["runs"].fillna(0).astype(int)
+    out["alone_runs"] = out["alone_runs"].fillna(0).astype(int)
     if len(fused):
         out = out.merge(fused, on=KEY, how="left")
     out["aim"] = out["K"].map(aim)
@@ -144,6 +149,10 @@ def plot(df: pd.DataFrame, path: Path, gpu: str) -> None:
         ax.bar(part.index, value, color=colour, label=state)
         ax.errorbar(part.index, value, yerr=[value - part.runs_min.fillna(value), part.runs_max.fillna(value) - value],
                     fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
+    alone = measured.dropna(subset=["alone_median"])
+    if not alone.empty:
+        ax.scatter(alone.index, alone.alone_median, marker="x", color="black", s=18, zorder=3,
+                   label="timed alone (median)")
     ax.step(measured.index, measured["aim"], where="mid", color="black", linewidth=1, label="aim")
     ax.axhline(1.0, color="black", linewidth=0.5, linestyle=":")
     ax.set_xticks(measured.index, [f"{r.M}x{r.K}x{r.N}" for r in measured.itertuples()], rotation=90, fontsize=7)
@@ -201,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         "- runs: the dated benchmark runs that timed the row since its own `matmul` entry was tuned (all of them"
         " where it has none; each run's value is its median over its repeats), `runs_median`, `runs_min`,"
         " `runs_max` their ratios: several kernels' benchmarks time the same GEMM, and one run cannot tell"
-        " 1.05 from 1.07",
+        " 1.05 from 1.07; `alone_runs`, `alone_median`: those of them that timed the GEMM alone"
+        " (`helion-kernels bench --kernel matmul`, only it and cuBLAS in turn), which at M = 262144 read lower"
+        " than the runs beside a fused kernel's columns (bench/NOTES.md, nineteenth session)",
         "- status: meets / misses the aim by `runs_median`; re-tuned since: the row's own `matmul` entry is newer than the"
         " measurement (re-bench it); not measured: no benchmark timed the Helion GEMM there; date unknown: the"
         " result has no `.json`. matmul_entry: exact where the registry holds the row's own `matmul` entry,"

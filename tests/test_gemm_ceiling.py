@@ -100,7 +100,9 @@ def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_f
     assert df.loc[(131072, 1024, 1024), "status"] == "date unknown"
     assert df.loc[(262144, 64, 64), ["helion_gemm_vs_cublas", "rmsnorm_matmul_vs_helion_gemm", "status"]].tolist() == \
         [2.0, 0.5, "misses"]
-    assert df.loc[(262144, 128, 128), ["helion_gemm_vs_cublas", "runs", "status"]].tolist() == [1.1, 1, "meets"]
+    assert df.loc[(262144, 128, 128), ["helion_gemm_vs_cublas", "runs", "status", "alone_runs", "alone_median"]
+                  ].tolist() == [1.1, 1, "meets", 1, 1.1]
+    assert df.loc[(65536, 256, 256), "alone_runs"] == 0 and pd.isna(df.loc[(65536, 256, 256), "alone_median"])
     assert "matmul_vs_helion_gemm" not in df
     measured = [(65536, 1024, 1024), (65536, 256, 256), (131072, 1024, 1024), (262144, 64, 64), (262144, 128, 128)]
     assert (df.drop(index=measured).status == "not measured").all()
