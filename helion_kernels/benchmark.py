@@ -72,10 +72,12 @@ def bench_problem(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device
                   ceilings: Ceilings, repeats: int = 1) -> dict:
     """One result row for ``problem``: times in ms, savings in %, speed-ups, floors in ms.
 
-    With ``repeats`` > 1 every column is timed that many times (each a CUDA-graph median) and
-    the row holds the medians, and the GEMM ratios (``helion_gemm_vs_cublas``: the plain
-    Helion GEMM over cuBLAS; ``fused_vs_helion_gemm``: the fused kernel over the plain Helion
-    GEMM) with their spread over the repeats (max - min of the per-repeat ratio)."""
+    Every column is timed ``repeats`` times (each a CUDA-graph median, the columns in turn) and
+    the row holds the medians and the GEMM ratios, each the median of its per-repeat ratios:
+    ``helion_gemm_vs_cublas`` (the plain Helion GEMM over cuBLAS: the fused kernel's GEMM twin,
+    or the kernel itself in the plain GEMM's own benchmark) and ``fused_vs_helion_gemm`` (the
+    fused kernel over its twin); with ``repeats`` > 1 also their spread (``_spread``: max - min
+    of the per-repeat ratios) and ``repeats``."""
     torch._dynamo.reset()  # one fresh torch.compile per row, no recompile limit
     n_sets = input_copies(spec.min_bytes(problem, dtype), device)
     arg_sets = [spec.make_args(problem, dtype, device, seed) for seed in range(n_sets)]

@@ -75,9 +75,23 @@ def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_f
     _bench_file(results / GPU, "single", "2026-01-01T00:00:00+00:00",
                 [{**row, "M": 262144, "K": 64, "N": 64, "helion_matmul_ms": 2.0, "cublas_mm_ms": 1.0}])
     # the plain GEMM's own benchmark, from before it wrote the ratio: its own time over cuBLAS's
-    _bench_file(results / GPU, "plain", "2026-01-01T00:00:00+00:00",
-                [{"M": 262144, "K": 128, "N": 128, "dtype": "bfloat16", "matmul_ms": 1.1, "cublas_mm_ms": 1.0}],
+    plain = {"dtype": "bfloat16", "matmul_ms": 1.1, "cublas_mm_ms": 1.0}
+    _bench_file(results / GPU, "plain", "2026-01-01T00:00:00+00:00", [{"M": 262144, "K": 128, "N": 128, **plain}],
                 kernel="matmul")
+    # ... and one without its .json: the kernel is read from the first timing column
+    _bench_file(results / GPU, "plain_undated", None, [{"M": 131072, "K": 256, "N": 256, **plain}])
+    # 65536x1024x1024 timed alone before its entry was tuned (not counted) and after; 65536x512x512
+    # misses beside a fused kernel and meets alone: the runs beside a fused kernel judge it
+    alone_row = {"M": 65536, "K": 1024, "N": 1024, "dtype": "bfloat16", "matmul_ms": 1.0}
+    _bench_file(results / GPU, "alone_before", "2026-01-10T00:00:00+00:00",
+                [{**alone_row, "helion_gemm_vs_cublas": 0.90}], kernel="matmul")
+    _bench_file(results / GPU, "alone_after", "2026-02-10T00:00:00+00:00",
+                [{**alone_row, "helion_gemm_vs_cublas": 0.95}, {**alone_row, "K": 512, "N": 512,
+                                                               "helion_gemm_vs_cublas": 1.00}], kernel="matmul")
+    _bench_file(results / GPU, "alone_again", "2026-02-11T00:00:00+00:00",
+                [{**alone_row, "K": 512, "N": 512, "helion_gemm_vs_cublas": 1.01}], kernel="matmul")
+    _bench_file(results / GPU, "fused_512", "2026-02-09T00:00:00+00:00",
+                [{**row, "K": 512, "N": 512, "helion_gemm_vs_cublas": 1.10}])
     monkeypatch.setenv("HELION_KERNELS_CONFIG_DIR", str(configs))
     registry.save_entry("matmul", GPU, registry.Entry(Shape(65536, 1024, 1024), "bfloat16", {"block_sizes": [64, 64, 64]},
                                                       {"tuned_at": "2026-01-15T00:00:00+00:00"}))
@@ -89,9 +103,13 @@ def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_f
 
     df = run(tmp_path / "a")
     assert df.loc[(65536, 1024, 1024), ["helion_gemm_vs_cublas", "status", "matmul_entry", "file"]].tolist() == \
-        [1.05, "meets", "exact", "new.csv"]
-    # the run before the entry was tuned (1.20) is not one of its runs
-    assert df.loc[(65536, 1024, 1024), ["runs", "runs_median"]].tolist() == [1, 1.05]
+        [0.95, "meets", "exact", "alone_after.csv"]
+    # the runs before the entry was tuned (1.20, and 0.90 alone) are not among its runs
+    assert df.loc[(65536, 1024, 1024), ["runs", "runs_median", "alone_runs", "alone_median"]].tolist() == \
+        [1, 1.05, 1, 0.95]
+    assert df.loc[(65536, 512, 512), ["helion_gemm_vs_cublas", "runs", "runs_median", "alone_runs", "status"]
+                  ].tolist() == [1.01, 1, 1.10, 2, "misses"]
+    assert abs(df.loc[(65536, 512, 512), "alone_median"] - 1.005) < 1e-12
     assert df.loc[(65536, 1024, 1024), "rmsnorm_matmul_vs_helion_gemm"] == 1.3
     # no entry: both runs count; the newest (1.18) misses the 1.15 aim below K = 512, the median meets it
     assert df.loc[(65536, 256, 256), ["helion_gemm_vs_cublas", "runs", "runs_min", "runs_max", "status"]].tolist() \
@@ -100,11 +118,14 @@ def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_f
     assert df.loc[(131072, 1024, 1024), "status"] == "date unknown"
     assert df.loc[(262144, 64, 64), ["helion_gemm_vs_cublas", "rmsnorm_matmul_vs_helion_gemm", "status"]].tolist() == \
         [2.0, 0.5, "misses"]
+    # timed alone only: judged by those runs
     assert df.loc[(262144, 128, 128), ["helion_gemm_vs_cublas", "runs", "status", "alone_runs", "alone_median"]
-                  ].tolist() == [1.1, 1, "meets", 1, 1.1]
+                  ].tolist() == [1.1, 0, "meets", 1, 1.1]
     assert df.loc[(65536, 256, 256), "alone_runs"] == 0 and pd.isna(df.loc[(65536, 256, 256), "alone_median"])
+    assert df.loc[(131072, 256, 256), ["helion_gemm_vs_cublas", "status"]].tolist() == [1.1, "date unknown"]
     assert "matmul_vs_helion_gemm" not in df
-    measured = [(65536, 1024, 1024), (65536, 256, 256), (131072, 1024, 1024), (262144, 64, 64), (262144, 128, 128)]
+    measured = [(65536, 1024, 1024), (65536, 256, 256), (131072, 1024, 1024), (262144, 64, 64), (262144, 128, 128),
+                (65536, 512, 512), (131072, 256, 256)]
     assert (df.drop(index=measured).status == "not measured").all()
 
     # a stray empty table and a malformed .json are named and left out; the report goes on
