@@ -400,7 +400,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for gpu in gpus:
         for name in CATALOG:
             try:  # one corrupt file is reported, and the listing goes on
-                layers, merged = registry.entries_by_layer(name, gpu), registry.entries_for(name, gpu)
+                layers = registry.entries_by_layer(name, gpu)
+                merged = registry.merge_layers(layers)
             except registry.RegistryError as err:
                 print(f"  {gpu:{width}} {name:26} unusable: {err}")
                 continue

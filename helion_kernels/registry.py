@@ -319,7 +319,11 @@ def _cached_entries(path: Path) -> dict[tuple, Entry]:
 
 def entries_for(kernel: str, gpu: str) -> dict[tuple, Entry]:
     """The entries of ``kernel`` for ``gpu``, both layers merged (user entries win)."""
-    layers = entries_by_layer(kernel, gpu)
+    return merge_layers(entries_by_layer(kernel, gpu))
+
+
+def merge_layers(layers: dict[str, dict[tuple, Entry]]) -> dict[tuple, Entry]:
+    """One kernel's entries from :func:`entries_by_layer`, merged: user entries win."""
     return {**layers.get("shipped", {}), **layers["user"]}
 
 

@@ -31,9 +31,9 @@ import pandas as pd
 import torch
 
 from helion_kernels import registry, runtime, workloads
-from helion_kernels.benchmark import RESULTS_DIR, codegen_status, write_table
+from helion_kernels.benchmark import RESULTS_DIR, codegen_status, time_columns, write_table
 from helion_kernels.kernels import get_spec
-from helion_kernels.timing import input_copies, time_ms
+from helion_kernels.timing import input_copies
 
 # (label, changes to the row's own config); the store's indexing is set to tensor_descriptor
 VARIANTS = (
@@ -121,10 +121,7 @@ def main() -> int:
         for r in group.itertuples():
             if (bound := bounds.get((m, k, n, r.variant))) is not None:
                 columns[r.variant] = [lambda a=a, b=b, f=bound: f(a, b) for a, b in sets]
-        times = {name: [] for name in columns}
-        for _ in range(args.repeats):
-            for name, fns in columns.items():
-                times[name].append(time_ms(fns))
+        times = time_columns(columns, args.repeats)
         cublas = statistics.median(times["cublas"])
         entry = statistics.median(times["entry"]) if times.get("entry") else float("nan")
         for r in group.itertuples():
