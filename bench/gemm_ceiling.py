@@ -9,10 +9,16 @@ plain GEMM by itself beside cuBLAS. This script gathers, per (M, K, N) of the ta
 measurement and every run since the row's ``matmul`` registry entry was tuned (several kernels'
 benchmarks time the same GEMM), checks the median of the runs beside a fused kernel against the
 aim (the Helion GEMM within 1.07x cuBLAS at K >= 512, 1.15x below: one run of a few repeats
-cannot tell 1.05 from 1.07, the runs together can), shows the runs of the GEMM by itself apart
-(they read lower; they judge a row only where no fused kernel's benchmark timed it), and says
-where the newest measurement is older than the row's entry (re-tuned since: re-bench it) or
-missing.
+cannot tell 1.05 from 1.07, the runs together can), and says where the newest measurement is
+older than the row's entry (re-tuned since: re-bench it) or missing.
+
+Which runs judge a row: the runs whose columns were taken in order and then reversed within each
+repeat (``column_order`` in the result's ``.json``; every benchmark since the twenty-first
+session) where the row has any, alone or beside a fused kernel alike: the place of a column in
+the order moved the same GEMM by 1.00-1.09x cuBLAS on the H200, and the balanced order cancels
+it (``bench/variants/gemm_timing_context.py``). Where a row has only runs timed in one order,
+the runs beside a fused kernel judge it as before, and the runs of the GEMM by itself (which
+read lower, the GEMM timed first) only where there are no others.
 
     python bench/gemm_ceiling.py [--gpu nvidia_h200_sm90]
 
@@ -46,13 +52,14 @@ def aim(k: int) -> float:
 
 
 COLUMNS = [*KEY, "kernel", "helion_gemm_vs_cublas", "helion_gemm_vs_cublas_spread", "fused_vs_helion_gemm",
-           "repeats", "file", "measured_at"]
+           "repeats", "balanced", "file", "measured_at"]
 
 
 def measurements(folder: Path) -> pd.DataFrame:
     """Every bf16 benchmark row of ``folder`` that timed the plain Helion GEMM beside cuBLAS:
-    the benchmarked kernel (the result's ``.json`` names it), the ratios, the file and its date
-    (NaT where the file has no ``.json``)."""
+    the benchmarked kernel (the result's ``.json`` names it), the ratios, whether the columns
+    were timed in a balanced order (the ``.json``'s ``column_order``), the file and its date (NaT
+    where the file has no ``.json``)."""
     frames = []
     for csv in sorted(folder.glob("*.csv")):
         if csv.stem == "gemm_ceiling":
@@ -72,7 +79,7 @@ def measurements(folder: Path) -> pd.DataFrame:
         except (pd.errors.ParserError, pd.errors.EmptyDataError, json.JSONDecodeError, UnicodeDecodeError) as err:
             print(f"gemm_ceiling: left out {csv.name} ({type(err).__name__}: {err})", file=sys.stderr)
             continue
-        df = df[df["dtype"] == "bfloat16"].assign(kernel=kernel, file=csv.name,
+        df = df[df["dtype"] == "bfloat16"].assign(kernel=kernel, file=csv.name, balanced="column_order" in meta,
                                                   measured_at=registry.timestamp(meta.get("date")))
         if "repeats" not in df:
             df["repeats"] = 1
@@ -109,18 +116,25 @@ def report(gpu: str, results: Path, configs: Path) -> pd.DataFrame:
     since = pd.Series([tuned.get(tuple(k)) for k in timed[KEY].itertuples(index=False)], index=timed.index,
                       dtype="datetime64[ns, UTC]")
     recent = timed[timed.measured_at.notna() & (since.isna() | (timed.measured_at > since))]
-    # The same GEMM timed alone (`bench --kernel matmul`: only it and cuBLAS in turn) reads lower
-    # than beside a fused kernel's columns (bench/NOTES.md, nineteenth session), so the two are
-    # kept apart: the runs beside a fused kernel judge the row, the alone runs only where there
-    # are no others (extra alone runs must not be able to turn a miss into a meet).
-    alone_run = recent.kernel == "matmul"
-    runs = (recent[~alone_run].groupby(KEY)["helion_gemm_vs_cublas"]
+    # Timed in one order, the GEMM's place decides its ratio: the plain GEMM's own benchmark
+    # (it first, then cuBLAS) reads lower than a fused kernel's (cuBLAS after the GEMM and the
+    # fused kernel), by 0.03-0.08 at M = 262144 (bench/NOTES.md, nineteenth and twenty-first
+    # sessions). The runs in a balanced order judge a row where it has any; otherwise the runs
+    # beside a fused kernel, and the alone runs only where there are no others (extra alone runs
+    # must not be able to turn a miss into a meet).
+    balanced = (recent[recent.balanced.astype(bool)].groupby(KEY)["helion_gemm_vs_cublas"]
+                .agg(balanced_runs="count", balanced_median="median", balanced_min="min", balanced_max="max")
+                .reset_index())
+    one_order = recent[~recent.balanced.astype(bool)]
+    alone_run = one_order.kernel == "matmul"
+    runs = (one_order[~alone_run].groupby(KEY)["helion_gemm_vs_cublas"]
             .agg(runs="count", runs_median="median", runs_min="min", runs_max="max").reset_index())
-    alone = (recent[alone_run].groupby(KEY)["helion_gemm_vs_cublas"]
+    alone = (one_order[alone_run].groupby(KEY)["helion_gemm_vs_cublas"]
              .agg(alone_runs="count", alone_median="median").reset_index())
-    out = shapes.merge(gemm, on=KEY, how="left").merge(runs, on=KEY, how="left").merge(alone, on=KEY, how="left")
-    out["runs"] = out["runs"].fillna(0).astype(int)
-    out["alone_runs"] = out["alone_runs"].fillna(0).astype(int)
+    out = (shapes.merge(gemm, on=KEY, how="left").merge(balanced, on=KEY, how="left")
+           .merge(runs, on=KEY, how="left").merge(alone, on=KEY, how="left"))
+    for count in ("balanced_runs", "runs", "alone_runs"):
+        out[count] = out[count].fillna(0).astype(int)
     if len(fused):
         out = out.merge(fused, on=KEY, how="left")
     out["aim"] = out["K"].map(aim)
@@ -133,9 +147,12 @@ def report(gpu: str, results: Path, configs: Path) -> pd.DataFrame:
         entry_tuned = tuned.get((r.M, r.K, r.N))
         if entry_tuned is not None and entry_tuned > r.measured_at:
             return "re-tuned since"
-        judged = r.runs_median if r.runs else r.alone_median
-        return "meets" if judged <= r.aim else "misses"
+        return "meets" if r.judged <= r.aim else "misses"
 
+    out["judged_by"] = ["balanced" if r.balanced_runs else "beside fused" if r.runs else "alone" if r.alone_runs
+                        else "" for r in out.itertuples()]
+    out["judged"] = [r.balanced_median if r.balanced_runs else r.runs_median if r.runs else r.alone_median
+                     for r in out.itertuples()]
     out["status"] = out.apply(status, axis=1)
     out["measured_at"] = [t.isoformat() if pd.notna(t) else "" for t in out["measured_at"]]
     out["file"] = out["file"].fillna("")
@@ -152,23 +169,29 @@ def plot(df: pd.DataFrame, path: Path, gpu: str) -> None:
         part = measured[measured.status == state]
         if part.empty:
             continue
-        value = part.runs_median.fillna(part.alone_median).fillna(part.helion_gemm_vs_cublas)
+        value = part.judged.fillna(part.helion_gemm_vs_cublas)
+        by_balanced = part.judged_by == "balanced"
+        low = part.balanced_min.where(by_balanced, part.runs_min).fillna(value)
+        high = part.balanced_max.where(by_balanced, part.runs_max).fillna(value)
         ax.bar(part.index, value, color=colour, label=state)
-        ax.errorbar(part.index, value, yerr=[value - part.runs_min.fillna(value), part.runs_max.fillna(value) - value],
-                    fmt="none", ecolor="black", elinewidth=0.8, capsize=2)
-    alone = measured.dropna(subset=["alone_median"])
-    if not alone.empty:
-        ax.scatter(alone.index, alone.alone_median, marker="D", color="tab:blue", edgecolors="white",
-                   linewidths=0.5, s=22, zorder=3, label="timed alone (median)")
+        ax.errorbar(part.index, value, yerr=[value - low, high - value], fmt="none", ecolor="black", elinewidth=0.8,
+                    capsize=2)
+    for column, marker, colour, label in (("runs_median", "v", "tab:orange", "one order, beside a fused kernel"),
+                                          ("alone_median", "D", "tab:blue", "one order, timed alone")):
+        shown = measured[measured.judged_by == "balanced"].dropna(subset=[column]) if column == "runs_median" \
+            else measured.dropna(subset=[column])
+        if not shown.empty:
+            ax.scatter(shown.index, shown[column], marker=marker, color=colour, edgecolors="white",
+                       linewidths=0.5, s=22, zorder=3, label=f"{label} (median)")
     ax.step(measured.index, measured["aim"], where="mid", color="black", linewidth=1, label="aim")
     ax.axhline(1.0, color="black", linewidth=0.5, linestyle=":")
     ax.set_xticks(measured.index, [f"{r.M}x{r.K}x{r.N}" for r in measured.itertuples()], rotation=90, fontsize=7)
-    lowest = measured[["helion_gemm_vs_cublas", "runs_min", "alone_median"]].min().min()
-    highest = measured[["helion_gemm_vs_cublas", "runs_max"]].max().max()
+    lowest = measured[["helion_gemm_vs_cublas", "runs_min", "balanced_min", "alone_median"]].min().min()
+    highest = measured[["helion_gemm_vs_cublas", "runs_max", "balanced_max"]].max().max()
     ax.set_ylim(min(0.8, math.floor((lowest - 0.02) * 20) / 20), max(1.3, highest + 0.05))
     ax.set_ylabel("Helion matmul time / cuBLAS time")
-    ax.set_title(f"Plain Helion GEMM against cuBLAS beside the fused kernels: median of the runs since tuning, "
-                 f"min to max ({gpu}, bf16)",
+    ax.set_title(f"Plain Helion GEMM against cuBLAS: median of the judging runs since tuning (balanced column order "
+                 f"where timed so), min to max ({gpu}, bf16)",
                  fontsize=10)
     ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
@@ -216,16 +239,18 @@ def main(argv: list[str] | None = None) -> int:
         " the row (`file`, `measured_at`; a fused kernel's benchmark, which times the GEMM as its twin, or `matmul`'s"
         " own; medians over `repeats`, spread = max - min over them; from the two times where a run predates the"
         " ratio columns); aim: 1.07 at K >= 512, 1.15 below",
-        "- runs: the dated runs of the fused kernels' benchmarks that timed the row's GEMM beside them, since the"
-        " row's own `matmul` entry was tuned (all of them where it has none; each run's value is its median over"
-        " its repeats), `runs_median`, `runs_min`, `runs_max` their ratios: several kernels' benchmarks time the"
-        " same GEMM, and one run cannot tell 1.05 from 1.07. `alone_runs`, `alone_median`: the runs of the same"
-        " period that timed the GEMM by itself (`helion-kernels bench --kernel matmul`: only it and cuBLAS in"
-        " turn); at M = 262144 they read 0.03-0.08 lower than the runs beside a fused kernel (bench/NOTES.md,"
-        " nineteenth session), so they are not mixed in",
-        "- status: meets / misses the aim by `runs_median` (by `alone_median` where no fused kernel's benchmark"
-        " timed the row since tuning); re-tuned since: the row's own `matmul` entry is newer than the"
-        " measurement (re-bench it); not measured: no benchmark timed the Helion GEMM there; date unknown: the"
+        "- runs since the row's own `matmul` entry was tuned (all of them where it has none; each run's value is its"
+        " median over its repeats; several kernels' benchmarks time the same GEMM, and one run cannot tell 1.05 from"
+        " 1.07), in three groups: `balanced_runs` (`balanced_median`, `_min`, `_max`), the runs that took the columns"
+        " in order and then reversed within each repeat, beside a fused kernel or alone; `runs` (`runs_median`,"
+        " `runs_min`, `runs_max`), the runs of the fused kernels' benchmarks in one order; `alone_runs`"
+        " (`alone_median`), the runs in one order of the GEMM by itself (`helion-kernels bench --kernel matmul`: it,"
+        " then cuBLAS). Timed in one order, the place of a column moved the same GEMM by 1.00-1.09x cuBLAS at"
+        " M = 262144 (bench/NOTES.md, nineteenth and twenty-first sessions), so the groups are not mixed",
+        "- judged_by, judged: the group that judges the row and its median: balanced where the row has such runs,"
+        " else beside fused, else alone. status: meets / misses the aim by `judged`; re-tuned since: the row's own"
+        " `matmul` entry is newer than the"
+" measurement (re-bench it); not measured: no benchmark timed the Helion GEMM there; date unknown: the"
         " result has no `.json`. matmul_entry: exact where the registry holds the row's own `matmul` entry,"
         " nearest where the GEMM runs another shape's config (a re-tune of that neighbour is not seen here:"
         " the bench's `helion_matmul_config` column says which config a measurement ran)",

@@ -47,7 +47,7 @@ import pandas as pd
 import torch
 
 from helion_kernels import registry, tuning, workloads
-from helion_kernels.benchmark import (aim_bars, finish_plot, row_labels, run_meta, time_columns, workload_script_args,
+from helion_kernels.benchmark import (BALANCED_ORDER, aim_bars, finish_plot, row_labels, run_meta, time_columns, workload_script_args,
                                       write_results)
 from helion_kernels.cli import positive_int
 from helion_kernels.kernels import get_spec
@@ -163,9 +163,10 @@ def main() -> int:
               flush=True)
     meta = run_meta(device, ceilings, kernel=args.kernel,
                     inputs="bf16, affine norm (LayerNorm weight and bias, RMSNorm weight), eps 1e-5",
-                    baselines="cuBLAS GEMM writing h, then the inductor-compiled norm with its statistics")
+                    baselines="cuBLAS GEMM writing h, then the inductor-compiled norm with its statistics",
+                    column_order=BALANCED_ORDER)
     meta["command"] = " ".join(["python bench/postnorm_training_forward.py", *sys.argv[1:]])
-    meta["timing"] += f"; every column timed {args.repeats} times, the columns in turn; the medians reported"
+    meta["timing"] += f"; every column timed in {args.repeats} repeats; the medians reported"
     out_dir = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
     stem = f"{args.kernel}_training_forward_{args.workload}{workloads.where_suffix(args.where)}"
     paths = write_results(pd.DataFrame(rows), meta, out_dir, stem, plot, notes=NOTES)

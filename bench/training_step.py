@@ -24,8 +24,8 @@ compiled pair's.
 
     python bench/training_step.py [--where "layer == 'linear_layernorm'"] [--timer graph] [--bias] [--repeats N] [--out DIR]
 
-``--repeats N``: every column timed N times, the columns in turn within each repeat (clock
-drift falls on all alike); the medians are reported, with ``speedup_vs_compiled_spread``
+``--repeats N``: every column timed in N repeats, each taking the columns in order and then in
+reverse order (clock drift and a column's place fall on all alike); the medians are reported, with ``speedup_vs_compiled_spread``
 (max - min of the per-repeat ratio).
 
 ``--bias``: the Linear has a bias (added inside the post-norm kernels). Writes
@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from helion_kernels import LinearLayerNorm, LinearRMSNorm, RMSNormLinear, matmul, registry, workloads
-from helion_kernels.benchmark import (aim_bars, finish_plot, run_meta, time_columns, workload_script_args,
+from helion_kernels.benchmark import (BALANCED_ORDER, aim_bars, finish_plot, run_meta, time_columns, workload_script_args,
                                       write_results)
 from helion_kernels.cli import positive_int
 from helion_kernels.timing import measure_ceilings
@@ -125,7 +125,7 @@ def _paths(layer: str, fused: nn.Module, x: torch.Tensor) -> tuple[str, str]:
 def _time_all(steps: dict, timer: str, repeats: int = 1) -> tuple[dict[str, list[float]], str]:
     """(each column's median ms of every repeat, the timer used): every column by CUDA-graph
     replay, or, when ``timer`` is "plain" or any column cannot be captured, every column by
-    plain do_bench; the columns in turn within each repeat (:func:`time_columns`)."""
+    plain do_bench; the columns in order and reversed within each repeat (:func:`time_columns`)."""
     from triton.testing import do_bench, do_bench_cudagraph
 
     def timed(bench) -> dict[str, list[float]]:
@@ -249,12 +249,13 @@ def main() -> int:
     meta = run_meta(device, ceilings, inputs="bf16 inputs, parameters (affine ~ 1 +- 0.1) and output gradient; "
                                             "x requires grad; Linear " + ("with" if args.bias else "without") + " bias",
                     baselines="gemms/helion_gemms: the layer's forward, dgrad and wgrad GEMMs alone; eager / "
-                              "compiled (torch.compile default mode) PyTorch pair; liger: Liger's norm + nn.Linear")
+                              "compiled (torch.compile default mode) PyTorch pair; liger: Liger's norm + nn.Linear",
+                    column_order=BALANCED_ORDER)
     meta["timing"] = ("triton.testing.do_bench_cudagraph (CUDA-graph replay), median, every column of a row; "
                       "rows whose timer column says plain: do_bench for every column" if args.timer == "graph" else
                       "triton.testing.do_bench, median, not graph-captured, the same for every column")
     if args.repeats > 1:
-        meta["timing"] += (f"; every column timed {args.repeats} times, the columns in turn within each repeat; "
+        meta["timing"] += (f"; every column timed in {args.repeats} repeats; "
                            "the medians reported, and speedup_vs_compiled's spread (max - min) over the repeats")
     meta["command"] = ("python bench/training_step.py" + (f" --where {args.where!r}" if args.where else "")
                        + (" --timer graph" if args.timer == "graph" else "") + (" --bias" if args.bias else "")

@@ -51,15 +51,27 @@ SAVED_NOTE = ("`saved_vs_*_pct`: latency saved as % of the inductor norm's laten
 SPEEDUP_NOTE = "`speedup_vs_*`: latency of the alternative / latency of the fused kernel"
 
 
+# How `time_columns` orders the columns, for the results' metadata (``column_order``).
+BALANCED_ORDER = ("each repeat takes the columns in order, then in reverse order; a column's time in the repeat "
+                  "is the mean of its two")
+
+
 def time_columns(columns: dict, repeats: int, timer=None) -> dict[str, list[float]]:
-    """Each column's time ``repeats`` times, the columns taken in turn within each repeat so
-    that drift of the GPU's clocks falls on all of them alike. ``timer(column)`` gives one time
-    in ms; by default the column's CUDA-graph median (:func:`time_ms`)."""
+    """Each column's time ``repeats`` times: within each repeat the columns are taken in
+    order and then in reverse order, and a column's time for the repeat is the mean of its two
+    timings, so that drift of the GPU's clocks and the place a column takes in the order fall on
+    all columns alike. The place matters on the H200, which runs large GEMMs at its power limit:
+    the same Helion GEMM read 1.00x cuBLAS timed before it and 1.08x timed after it, cuBLAS
+    moving by as much as the GEMM (``bench/NOTES.md``, twenty-first session). ``timer(column)``
+    gives one time in ms; by default the column's CUDA-graph median (:func:`time_ms`)."""
     timer = timer or time_ms
-    times: dict[str, list[float]] = {name: [] for name in columns}
+    names = list(columns)
+    times: dict[str, list[float]] = {name: [] for name in names}
     for _ in range(repeats):
-        for name, column in columns.items():
-            times[name].append(timer(column))
+        first = {name: timer(columns[name]) for name in names}
+        second = {name: timer(columns[name]) for name in reversed(names)}
+        for name in names:
+            times[name].append((first[name] + second[name]) / 2)
     return times
 
 
@@ -72,8 +84,9 @@ def bench_problem(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device
                   ceilings: Ceilings, repeats: int = 1) -> dict:
     """One result row for ``problem``: times in ms, savings in %, speed-ups, floors in ms.
 
-    Every column is timed ``repeats`` times (each a CUDA-graph median, the columns in turn) and
-    the row holds the medians and the GEMM ratios, each the median of its per-repeat ratios:
+    Every column is timed in ``repeats`` repeats (:func:`time_columns`: the columns in order and
+    then reversed, each a CUDA-graph median) and the row holds the medians and the GEMM ratios,
+    each the median of its per-repeat ratios:
     ``helion_gemm_vs_cublas`` (the plain Helion GEMM over cuBLAS: the fused kernel's GEMM twin,
     or the kernel itself in the plain GEMM's own benchmark) and ``fused_vs_helion_gemm`` (the
     fused kernel over its twin); with ``repeats`` > 1 also their spread (``_spread``: max - min
@@ -168,10 +181,11 @@ def run_benchmark(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype,
     ceilings = measure_ceilings(device)
     rows = [bench_problem(spec, p, dtype, device, ceilings, repeats)
             for p in track(problems, description=f"bench {spec.name}", transient=True)]
-    meta = run_meta(device, ceilings, kernel=spec.name, relative_to=spec.plot_relative_to, aim=spec.aim)
+    meta = run_meta(device, ceilings, kernel=spec.name, relative_to=spec.plot_relative_to, aim=spec.aim,
+                    column_order=BALANCED_ORDER)
     if repeats > 1:
-        meta["timing"] += (f"; every column timed {repeats} times, the columns in turn within each repeat; "
-                           "the medians reported, and the GEMM ratios' spread (max - min) over the repeats")
+        meta["timing"] += (f"; every column timed in {repeats} repeats; the medians reported, and the GEMM "
+                           "ratios' spread (max - min) over the repeats")
     return pd.DataFrame(rows), meta
 
 

@@ -98,8 +98,9 @@ def _parser() -> argparse.ArgumentParser:
     common(bench, shape=False)
     bench.add_argument("--out", type=Path, default=None, help="results folder (default bench/results/<gpu>/)")
     bench.add_argument("--repeats", type=positive_int, default=1, help=(
-        "time every column this many times (each a CUDA-graph median) and report the medians, and "
-        "the GEMM ratios with their spread over the repeats (default 1)"))
+        "time every column in this many repeats (each repeat takes the columns in order, then reversed, "
+        "each a CUDA-graph median) and report the medians, and the GEMM ratios with their spread over "
+        "the repeats (default 1)"))
 
     sub.add_parser("list", help="kernels, workloads and registry coverage")
     return p

@@ -56,13 +56,14 @@ def test_bench_row_checks_and_metrics(monkeypatch, registry_dir, eager_block):
         for fn in fns:
             fn()
         calls.append(len(fns))
-        return [2.0, 6.0, 4.0, 3.0][len(calls) - 1]  # fused, compiled, eager, gdpa + eager norms
+        # fused, compiled, eager, gdpa + eager norms; then the same columns in reverse order
+        return [2.0, 6.0, 4.0, 3.0, 3.0, 4.0, 6.0, 2.0][len(calls) - 1]
 
     monkeypatch.setattr(benchmark, "time_ms", fake_time)
     monkeypatch.setattr(benchmark, "input_copies", lambda nbytes, device: 2)
     with pytest.warns(match="default config"):
         row = benchmark.bench_problem(SPEC, ROW, torch.float32, torch.device("cpu"), Ceilings(1000.0, 100.0))
-    assert calls == [2, 2, 2, 2]  # every candidate timed over both input sets
+    assert calls == [2] * 8  # every candidate timed over both input sets, in order and reversed
     assert row["check"] == "ok" and row["unfused_compiled_check"] == "ok"
     assert row["rel_error"] < 1e-5 and row["config"] == "default" and row["total_q"] == sum(ROW.q_lengths())
     assert row["speedup_vs_unfused_compiled"] == 3.0 and row["speedup_vs_unfused_eager"] == 2.0

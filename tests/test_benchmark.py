@@ -52,15 +52,36 @@ def test_workload_script_args(monkeypatch, capsys):
     assert args.norm == "x" and set(table.N) == {512} and len(table) == 3
 
 
-def test_repeated_timing_takes_the_columns_in_turn(monkeypatch):
-    """Each repeat times every column once, in order (so clock drift falls on all alike); the
-    per-repeat ratios pair times of the same repeat."""
-    order, clock = [], iter([1.0, 2.0, 1.5, 2.5, 1.2, 2.2])
+def test_repeated_timing_balances_the_column_order(monkeypatch):
+    """Each repeat times every column in order, then in reverse order (so clock drift and a
+    column's place fall on all alike), and a column's time for the repeat is the mean of its
+    two; the per-repeat ratios pair times of the same repeat."""
+    order = []
+    # per repeat: f, g, c, then c, g, f
+    clock = iter([1.0, 2.0, 3.0, 3.4, 2.2, 1.2,
+                  1.5, 2.5, 3.5, 3.5, 2.5, 1.5])
     monkeypatch.setattr(benchmark, "time_ms", lambda fns: order.append(fns[0]) or next(clock))
-    times = benchmark.time_columns({"fused": ["f"], "helion_matmul": ["g"]}, repeats=3)
-    assert order == ["f", "g"] * 3
-    assert times == {"fused": [1.0, 1.5, 1.2], "helion_matmul": [2.0, 2.5, 2.2]}
-    assert benchmark._ratio(times, "fused", "helion_matmul") == pytest.approx([0.5, 0.6, 1.2 / 2.2])
+    times = benchmark.time_columns({"fused": ["f"], "helion_matmul": ["g"], "cublas_mm": ["c"]}, repeats=2)
+    assert order == ["f", "g", "c", "c", "g", "f"] * 2
+    expected = {"fused": [1.1, 1.5], "helion_matmul": [2.1, 2.5], "cublas_mm": [3.2, 3.5]}
+    assert list(times) == list(expected)
+    for name, ts in expected.items():
+        assert times[name] == pytest.approx(ts)
+    assert benchmark._ratio(times, "fused", "helion_matmul") == pytest.approx([1.1 / 2.1, 0.6])
+
+
+def test_balanced_order_cancels_a_place_bias():
+    """A timer that makes whichever column runs second 8% slower (as the H200 did for the same
+    GEMM and cuBLAS) leaves the two equal columns equal once the order is balanced; timed in
+    one order only, the second column would read 1.08x the first."""
+    state = {"calls": 0}
+
+    def timer(column):
+        state["calls"] += 1
+        return 1.0 * (1.08 if state["calls"] % 2 == 0 else 1.0)
+
+    times = benchmark.time_columns({"gemm": "g", "cublas_mm": "c"}, repeats=3, timer=timer)
+    assert benchmark._ratio(times, "gemm", "cublas_mm") == pytest.approx([1.0] * 3)
 
 
 @pytest.mark.ref_mode
@@ -73,8 +94,9 @@ def test_plain_gemm_benchmark_reports_its_ratio_to_cublas(monkeypatch):
     from helion_kernels.spec import Shape
     from helion_kernels.timing import Ceilings
 
-    # (matmul, cublas_mm) per repeat: ratios 1.1, 1.0, 0.8 (median 1.0); the medians' ratio would be 1.2 / 1.3
-    clock = iter([1.10, 1.00, 1.30, 1.30, 1.20, 1.50])
+    # (matmul, cublas_mm) per repeat, in order then reversed: ratios 1.1, 1.0, 0.8 (median 1.0); the
+    # medians' ratio would be 1.2 / 1.3
+    clock = iter([1.10, 1.00, 1.00, 1.10, 1.30, 1.30, 1.30, 1.30, 1.20, 1.50, 1.50, 1.20])
     monkeypatch.setattr(benchmark, "time_ms", lambda fns: next(clock))
     monkeypatch.setattr(benchmark, "input_copies", lambda *a, **k: 1)
     row = benchmark.bench_problem(get_spec("matmul"), Shape(33, 40, 24), torch.float32, torch.device("cpu"),

@@ -29,9 +29,14 @@ def test_every_committed_row_once_with_the_aim(tmp_path):
     assert len(df) == len(tables.drop_duplicates()) and not df.duplicated(["M", "K", "N"]).any()
     assert (df["aim"] == df["K"].map(lambda k: 1.07 if k >= 512 else 1.15)).all()
     checked = df[df.status.isin(["meets", "misses"])]
-    assert ((checked.runs_median <= checked.aim) == (checked.status == "meets")).all()
-    assert (checked.runs >= 1).all() and (checked.runs_min <= checked.runs_median).all()
-    assert (checked.runs_median <= checked.runs_max).all()
+    assert ((checked.judged <= checked.aim) == (checked.status == "meets")).all()
+    for group, count, median in (("balanced", "balanced_runs", "balanced_median"), ("beside fused", "runs", "runs_median"),
+                                 ("alone", "alone_runs", "alone_median")):
+        part = checked[checked.judged_by == group]
+        assert (part[count] >= 1).all() and (part.judged == part[median]).all()
+    by_runs = checked[checked.runs >= 1]
+    assert (by_runs.runs_min <= by_runs.runs_median).all() and (by_runs.runs_median <= by_runs.runs_max).all()
+    assert (checked[checked.balanced_runs == 0].judged_by != "balanced").all()
     assert df[df.status == "not measured"].helion_gemm_vs_cublas.isna().all()
 
 
@@ -43,10 +48,12 @@ def test_committed_report_is_current(tmp_path):
             "run python bench/gemm_ceiling.py after changing benchmarks or the matmul registry"
 
 
-def _bench_file(folder: Path, stem: str, date: str | None, rows: list[dict], kernel: str = "rmsnorm_matmul") -> None:
+def _bench_file(folder: Path, stem: str, date: str | None, rows: list[dict], kernel: str = "rmsnorm_matmul",
+                balanced: bool = False) -> None:
     pd.DataFrame(rows).to_csv(folder / f"{stem}.csv", index=False)
     if date is not None:
-        (folder / f"{stem}.json").write_text(json.dumps({"date": date, "kernel": kernel}))
+        meta = {"date": date, "kernel": kernel, **({"column_order": "in order, then reversed"} if balanced else {})}
+        (folder / f"{stem}.json").write_text(json.dumps(meta))
 
 
 def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_folders(tmp_path, monkeypatch):
@@ -92,6 +99,15 @@ def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_f
                 [{**alone_row, "K": 512, "N": 512, "helion_gemm_vs_cublas": 1.01}], kernel="matmul")
     _bench_file(results / GPU, "fused_512", "2026-02-09T00:00:00+00:00",
                 [{**row, "K": 512, "N": 512, "helion_gemm_vs_cublas": 1.10}])
+    # 131072x512x512: one-order runs beside a fused kernel miss (1.09); two runs in a balanced
+    # order, one beside a fused kernel (1.06) and one alone (1.04), judge it and meet the aim
+    _bench_file(results / GPU, "fused_131072_one_order", "2026-02-09T00:00:00+00:00",
+                [{**row, "M": 131072, "K": 512, "N": 512, "helion_gemm_vs_cublas": 1.09}])
+    _bench_file(results / GPU, "fused_131072_balanced", "2026-02-10T00:00:00+00:00",
+                [{**row, "M": 131072, "K": 512, "N": 512, "helion_gemm_vs_cublas": 1.06}], balanced=True)
+    _bench_file(results / GPU, "alone_131072_balanced", "2026-02-11T00:00:00+00:00",
+                [{**alone_row, "M": 131072, "K": 512, "N": 512, "helion_gemm_vs_cublas": 1.04}], kernel="matmul",
+                balanced=True)
     monkeypatch.setenv("HELION_KERNELS_CONFIG_DIR", str(configs))
     registry.save_entry("matmul", GPU, registry.Entry(Shape(65536, 1024, 1024), "bfloat16", {"block_sizes": [64, 64, 64]},
                                                       {"tuned_at": "2026-01-15T00:00:00+00:00"}))
@@ -107,8 +123,13 @@ def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_f
     # the runs before the entry was tuned (1.20, and 0.90 alone) are not among its runs
     assert df.loc[(65536, 1024, 1024), ["runs", "runs_median", "alone_runs", "alone_median"]].tolist() == \
         [1, 1.05, 1, 0.95]
-    assert df.loc[(65536, 512, 512), ["helion_gemm_vs_cublas", "runs", "runs_median", "alone_runs", "status"]
-                  ].tolist() == [1.01, 1, 1.10, 2, "misses"]
+    assert df.loc[(65536, 512, 512), ["helion_gemm_vs_cublas", "runs", "runs_median", "alone_runs", "judged_by",
+                                      "status"]].tolist() == [1.01, 1, 1.10, 2, "beside fused", "misses"]
+    # balanced runs judge where there are any, alone or beside a fused kernel alike
+    assert df.loc[(131072, 512, 512), ["helion_gemm_vs_cublas", "balanced_runs", "balanced_min", "balanced_max",
+                                       "runs", "runs_median", "alone_runs", "judged_by", "status"]].tolist() == \
+        [1.04, 2, 1.04, 1.06, 1, 1.09, 0, "balanced", "meets"]
+    assert abs(df.loc[(131072, 512, 512), "judged"] - 1.05) < 1e-12
     assert abs(df.loc[(65536, 512, 512), "alone_median"] - 1.005) < 1e-12
     assert df.loc[(65536, 1024, 1024), "rmsnorm_matmul_vs_helion_gemm"] == 1.3
     # no entry: both runs count; the newest (1.18) misses the 1.15 aim below K = 512, the median meets it
@@ -119,13 +140,13 @@ def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_f
     assert df.loc[(262144, 64, 64), ["helion_gemm_vs_cublas", "rmsnorm_matmul_vs_helion_gemm", "status"]].tolist() == \
         [2.0, 0.5, "misses"]
     # timed alone only: judged by those runs
-    assert df.loc[(262144, 128, 128), ["helion_gemm_vs_cublas", "runs", "status", "alone_runs", "alone_median"]
-                  ].tolist() == [1.1, 0, "meets", 1, 1.1]
+    assert df.loc[(262144, 128, 128), ["helion_gemm_vs_cublas", "runs", "status", "alone_runs", "alone_median",
+                                       "judged_by"]].tolist() == [1.1, 0, "meets", 1, 1.1, "alone"]
     assert df.loc[(65536, 256, 256), "alone_runs"] == 0 and pd.isna(df.loc[(65536, 256, 256), "alone_median"])
     assert df.loc[(131072, 256, 256), ["helion_gemm_vs_cublas", "status"]].tolist() == [1.1, "date unknown"]
     assert "matmul_vs_helion_gemm" not in df
     measured = [(65536, 1024, 1024), (65536, 256, 256), (131072, 1024, 1024), (262144, 64, 64), (262144, 128, 128),
-                (65536, 512, 512), (131072, 256, 256)]
+                (65536, 512, 512), (131072, 256, 256), (131072, 512, 512)]
     assert (df.drop(index=measured).status == "not measured").all()
 
     # a stray empty table and a malformed .json are named and left out; the report goes on

@@ -33,13 +33,13 @@ def _recording_timer(calls: list, fail: bool = False):
     return bench
 
 
-def test_repeats_time_the_columns_in_turn(training_step, monkeypatch):
+def test_repeats_take_the_columns_in_order_then_reversed(training_step, monkeypatch):
     calls: list = []
     monkeypatch.setattr(triton.testing, "do_bench_cudagraph", _recording_timer(calls))
     times, timer = training_step._time_all({"a": lambda: "a", "b": lambda: "b"}, "graph", repeats=3)
     assert timer == "graph"
-    assert calls == ["a", "b", "a", "b", "a", "b"]  # in turn within each repeat, not a,a,a,b,b,b
-    assert times == {"a": [1.0, 3.0, 5.0], "b": [2.0, 4.0, 6.0]}
+    assert calls == ["a", "b", "b", "a"] * 3  # in order then reversed within each repeat, not a,a,a,b,b,b
+    assert times == {"a": [2.5, 6.5, 10.5], "b": [2.5, 6.5, 10.5]}  # the timer's 1, 2, 3, ... averaged
 
 
 def test_a_row_that_cannot_be_captured_is_timed_plain(training_step, monkeypatch):
@@ -48,8 +48,8 @@ def test_a_row_that_cannot_be_captured_is_timed_plain(training_step, monkeypatch
     monkeypatch.setattr(triton.testing, "do_bench", _recording_timer(calls))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)  # no CUDA here
     times, timer = training_step._time_all({"a": lambda: "a", "b": lambda: "b"}, "graph", repeats=2)
-    assert timer == "plain" and calls == ["a", "b", "a", "b"]
-    assert times == {"a": [1.0, 3.0], "b": [2.0, 4.0]}
+    assert timer == "plain" and calls == ["a", "b", "b", "a"] * 2
+    assert times == {"a": [2.5, 6.5], "b": [2.5, 6.5]}
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two"])

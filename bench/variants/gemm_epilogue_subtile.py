@@ -65,7 +65,7 @@ def main() -> int:
     p.add_argument("--where", default="M == 262144 and K * N >= 1048576",
                    help="pandas query selecting rows (default %(default)r)")
     p.add_argument("--repeats", type=int, default=5,
-                   help="time every column this many times, the columns in turn (default %(default)s)")
+                   help="time every column in this many repeats, the columns in order and reversed (default %(default)s)")
     p.add_argument("--out", type=Path, default=None, help="folder (default: bench/results/<gpu>/variants/)")
     args = p.parse_args()
     import helion  # seconds to import: after the arguments are checked
@@ -143,7 +143,7 @@ def main() -> int:
                 [f"command: `python bench/variants/gemm_epilogue_subtile.py --workload {args.workload} "
                  f"--where '{args.where}' --repeats {args.repeats}`",
                  "bf16, static kernels, CUDA-graph medians (do_bench_cudagraph) on input sets rotated to >= 4x L2; "
-                 "every column timed once per repeat, the columns in turn; medians over the repeats",
+                 "every column timed twice per repeat, the columns in order and then reversed; medians over the repeats",
                  "entry: the row's registry config (config_from); subtileS[_s4]: that config with "
                  "epilogue_subtile S (and 4 stages), the output stored through a tensor descriptor",
                  "vs_cublas: median over the repeats of time / cuBLAS time (spread: max - min); vs_entry: median "
