@@ -1,0 +1,196 @@
+"""How much of the RMSNorm's time the deferred pre-norm (``rmsnorm_matmul``) can save when it
+computes its own statistics, against what it saves, from the committed benchmarks (no GPU).
+
+The pre-norm ``rmsnorm(a) @ b = diag(rstd) (a * weight) @ b`` needs ``rstd``, the per-row
+``1 / sqrt(mean(a^2) + eps)``, before its epilogue. Computed by the kernel itself, the sum of
+squares reads ``a`` from HBM once more, unless it is taken from the tiles the GEMM's k-loop
+already loads (the blog's in-loop form). The inductor norm it replaces reads ``a`` and writes
+the normalised copy: 2 M K bytes-per-element both ways. So a formulation with a separate read
+of ``a`` that does not overlap the MMA (a stats pre-pass kernel, with or without programmatic
+dependent launch, whose GEMM waits at entry; a row-block program with its own k-loop before its
+GEMM, as shipped; one kernel with a grid-wide ``hl.barrier`` between the two loops) saves at
+most
+
+    (t_cublas + t_norm - t_gemm - t_stats) / t_norm,   t_stats >= M K * 2 bytes / peak HBM rate
+
+of the norm's time against cuBLAS + inductor norm (the issue's measure), even with a free
+scaling epilogue: ``bound_two_reads_pct`` with the measured plain Helion GEMM as ``t_gemm``,
+``bound_two_reads_cublas_pct`` with a GEMM as fast as cuBLAS. ``t_stats`` is taken at the HBM
+peak (``--hbm-tbps``, 4.8 TB/s for the H200), faster than any read here measured, so the bounds
+are generous. The bound does not hold for a read that overlaps the MMA (some programs summing
+squares while others run tensor-core tiles, the GEMM tiles' epilogues waiting on per-row-block
+flags), which Helion 1.5 offers no deterministic in-kernel wait for (``bench/NOTES.md``,
+twenty-first session). The in-loop form reads ``a`` once but adds work to every k-step of every N tile;
+``bench/variants/pre_norm_variants.py`` measured its extra time over the plain GEMM with the
+same tiling (``in_loop_extra_ms``, the fastest tiling whose reruns were bit-identical) where it
+ran. Beside them: the measured savings of the own-statistics kernel (``own_stats_saved_pct``)
+and of the kernel given the producer's ``rstd`` (``given_rstd_saved_pct``,
+``rmsnorm_matmul_given_rstd``: a GEMM or residual-add epilogue upstream emits the sums of
+squares), each from the newest benchmark of the row.
+
+    python bench/prenorm_stats_bound.py [--gpu nvidia_h200_sm90] [--where 'K >= 1024'] [--hbm-tbps 4.8]
+
+Writes ``bench/results/<gpu>/prenorm_stats_bound.{csv,md,png}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from helion_kernels import registry  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = ["M", "K", "N"]
+AIM_PCT = 60.0  # the issue's aim: rmsnorm_matmul saves >= 60% of the inductor norm's time at K >= 1024
+BYTES = 2  # bf16
+
+
+def newest(folder: Path, kernel: str) -> pd.DataFrame:
+    """Per (M, K, N), the bf16 row of the newest dated benchmark of ``kernel`` in ``folder``
+    (``<kernel>_prenorm_rmsnorm*.csv``), with its file name."""
+    frames = []
+    for csv in sorted(folder.glob(f"{kernel}_prenorm_rmsnorm*.csv")):
+        meta = registry.result_meta(csv)
+        if meta.get("kernel", kernel) != kernel or registry.timestamp(meta.get("date")) is None:
+            continue  # another kernel whose name starts with this one's, or an undated file
+        df = pd.read_csv(csv)
+        frames.append(df[df["dtype"] == "bfloat16"].assign(file=csv.name,
+                                                           measured_at=registry.timestamp(meta["date"])))
+    if not frames:
+        return pd.DataFrame(columns=[*KEY, "file", "measured_at"])
+    found = pd.concat(frames, ignore_index=True).sort_values("measured_at", kind="stable")
+    return found.drop_duplicates(KEY, keep="last")
+
+
+def in_loop_extra(variants_csv: Path) -> pd.DataFrame:
+    """Per (M, K, N) of the pre-norm variants' results: the in-loop form's extra ms over the
+    plain GEMM at the same tiling, at the tiling where that is smallest among those whose
+    draws all passed (reference check and bit-identical reruns)."""
+    if not variants_csv.is_file():
+        return pd.DataFrame(columns=[*KEY, "in_loop_extra_ms", "in_loop_tiling"])
+    v = pd.read_csv(variants_csv)
+    ok = v[(v.failed_draws == 0) & (v.nondeterministic_draws == 0)]
+    wide = ok.pivot_table(index=[*KEY, "tiling"], columns="variant", values="ms").reset_index()
+    if not {"in_loop", "matmul"} <= set(wide.columns):
+        return pd.DataFrame(columns=[*KEY, "in_loop_extra_ms", "in_loop_tiling"])
+    wide = wide.dropna(subset=["in_loop", "matmul"]).assign(in_loop_extra_ms=lambda d: d.in_loop - d.matmul)
+    best = wide.sort_values("in_loop_extra_ms").drop_duplicates(KEY)
+    return best[[*KEY, "in_loop_extra_ms"]].assign(in_loop_tiling=best["tiling"].values)
+
+
+def report(folder: Path, where: str, hbm_tbps: float) -> pd.DataFrame:
+    own = newest(folder, "rmsnorm_matmul")
+    if own.empty:
+        return pd.DataFrame()
+    own = own.query(where) if where else own
+    out = own[KEY].copy()
+    out["norm_ms"] = own["inductor_norm_ms"].values
+    out["cublas_ms"] = own["cublas_mm_ms"].values
+    out["helion_gemm_ms"] = own["helion_matmul_ms"].values
+    out["stats_floor_ms"] = out.M * out.K * BYTES / (hbm_tbps * 1e12) * 1e3
+    out["stats_floor_over_norm"] = out.stats_floor_ms / out.norm_ms
+    saved = lambda gemm, extra: 100 * (out.cublas_ms + out.norm_ms - gemm - extra) / out.norm_ms  # noqa: E731
+    out["bound_two_reads_pct"] = saved(out.helion_gemm_ms, out.stats_floor_ms)
+    out["bound_two_reads_cublas_pct"] = saved(out.cublas_ms, out.stats_floor_ms)
+    loop = in_loop_extra(folder / "variants" / "pre_norm_variants.csv")
+    out = out.merge(loop, on=KEY, how="left")
+    out["in_loop_saved_pct"] = saved(out.helion_gemm_ms, out.in_loop_extra_ms)
+    out["own_stats_saved_pct"] = own["saved_vs_cublas_inductor_pct"].values
+    out["own_stats_file"] = own["file"].values
+    given = newest(folder, "rmsnorm_matmul_given_rstd")
+    given = given[[*KEY, "saved_vs_cublas_inductor_pct", "file"]].rename(
+        columns={"saved_vs_cublas_inductor_pct": "given_rstd_saved_pct", "file": "given_rstd_file"})
+    out = out.merge(given, on=KEY, how="left")
+    out[["in_loop_tiling", "given_rstd_file"]] = out[["in_loop_tiling", "given_rstd_file"]].fillna("")
+    out["aim_pct"] = AIM_PCT
+    out["two_reads_can_meet_aim"] = out.bound_two_reads_cublas_pct >= AIM_PCT
+    return out.sort_values(KEY, ignore_index=True)
+
+
+def plot(df: pd.DataFrame, path: Path, gpu: str) -> None:
+    labels = [f"{r.M}x{r.K}x{r.N}" for r in df.itertuples()]
+    bars = {"bound, separate read of a, GEMM = cuBLAS": ("bound_two_reads_cublas_pct", "tab:grey"),
+            "bound, separate read of a, Helion GEMM": ("bound_two_reads_pct", "silver"),
+            "measured, own statistics (shipped)": ("own_stats_saved_pct", "tab:red"),
+            "measured, rstd given by the producer": ("given_rstd_saved_pct", "tab:green")}
+    fig, ax = plt.subplots(figsize=(max(6.5, 1.1 * len(df)), 5.6))
+    width = 0.8 / len(bars)
+    for i, (label, (column, colour)) in enumerate(bars.items()):
+        ax.bar([x + (i - (len(bars) - 1) / 2) * width for x in range(len(df))], df[column], width, color=colour,
+               label=label)
+    loop = df.dropna(subset=["in_loop_saved_pct"])
+    if not loop.empty:
+        ax.scatter(loop.index, loop.in_loop_saved_pct, marker="x", color="tab:purple", zorder=3,
+                   label="in-loop form, from its measured extra time (deterministic tiling)")
+    ax.axhline(AIM_PCT, color="black", linewidth=1, label=f"aim ({AIM_PCT:.0f}%)")
+    ax.axhline(0, color="black", linewidth=0.5)
+    ax.set_xticks(range(len(df)), labels, fontsize=8, rotation=30, ha="right")
+    ax.set_ylabel("latency saved, % of the inductor norm's time\n(against cuBLAS + inductor norm)")
+    ax.set_title(f"Pre-norm RMSNorm + GEMM: what computing rstd in the kernel can save ({gpu}, bf16)", fontsize=10)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    p.add_argument("--gpu", default="nvidia_h200_sm90", help="registry GPU key (default %(default)s)")
+    p.add_argument("--where", default="K >= 1024", help="pandas query on M, K, N (default %(default)r)")
+    p.add_argument("--hbm-tbps", type=float, default=4.8,
+                   help="peak HBM bandwidth in TB/s for the statistics' read floor (default 4.8, the H200's)")
+    p.add_argument("--results", type=Path, default=ROOT / "bench" / "results",
+                   help="results root, the folder above the GPU folders (default: the checkout's bench/results)")
+    p.add_argument("--out", type=Path, default=None, help="folder (default bench/results/<gpu>/)")
+    args = p.parse_args(argv)
+    if args.hbm_tbps <= 0:
+        p.error("--hbm-tbps must be positive")
+    folder = args.results / args.gpu
+    df = report(folder, args.where, args.hbm_tbps)
+    if df.empty:
+        p.error(f"no rmsnorm_matmul benchmark of the prenorm_rmsnorm table in {folder} matches {args.where!r}")
+    out = args.out or folder
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "prenorm_stats_bound.csv", index=False, float_format="%.5g")
+    command = "python bench/prenorm_stats_bound.py" + "".join(
+        f" {flag} {value!r}" if flag == "--where" else f" {flag} {value}"
+        for flag, value, default in (("--gpu", args.gpu, "nvidia_h200_sm90"), ("--where", args.where, "K >= 1024"),
+                                     ("--hbm-tbps", args.hbm_tbps, 4.8)) if value != default)
+    meets = df[df.two_reads_can_meet_aim]
+    (out / "prenorm_stats_bound.md").write_text("\n".join([
+        f"# The deferred pre-norm's own statistics: the most they let it save ({args.gpu})", "",
+        f"- command: `{command}` (from the committed benchmarks)",
+        "- norm_ms, cublas_ms, helion_gemm_ms: the inductor norm, cuBLAS and the plain Helion GEMM in the newest"
+        " `rmsnorm_matmul` benchmark of the row (`own_stats_file`); stats_floor_ms: reading `a` (M x K bf16) once"
+        f" at {args.hbm_tbps:g} TB/s, the HBM peak; stats_floor_over_norm: that over the norm's time",
+        "- bound_two_reads_pct: (cublas + norm - helion_gemm - stats_floor) / norm, the most a kernel that reads `a`"
+        " for its statistics apart from the GEMM's loads, not overlapped with the MMA (a pre-pass, a row-block"
+        " k-loop before the GEMM, a grid-wide barrier between them), can save against cuBLAS + inductor norm, with"
+        " a free scaling epilogue; bound_two_reads_cublas_pct: the same with a GEMM as fast as cuBLAS",
+        "- in_loop_extra_ms: the in-loop form (sum of squares from the GEMM's own `a` tiles) over the plain GEMM"
+        " at the same tiling, the fastest tiling whose reruns were bit-identical (`variants/pre_norm_variants.md`;"
+        " blank where not measured); in_loop_saved_pct: what that extra time leaves of the saving",
+        "- own_stats_saved_pct, given_rstd_saved_pct: measured savings of `rmsnorm_matmul` (its own statistics)"
+        " and of `rmsnorm_matmul_given_rstd` (the producer's rstd), newest benchmark of each",
+        f"- rows: {len(df)}; rows where a separate read of `a` could meet the {AIM_PCT:.0f}% aim even with a GEMM"
+        f" as fast as cuBLAS: {len(meets)}"
+        + (f" ({', '.join(f'{r.M}x{r.K}x{r.N}' for r in meets.itertuples())})" if len(meets) else ""),
+        "", "![prenorm_stats_bound](prenorm_stats_bound.png)", "",
+        # None, not NaN, is what tabulate leaves blank
+        df.astype(object).where(df.notna(), None).to_markdown(index=False, floatfmt=".4g", missingval=""), ""]))
+    plot(df, out / "prenorm_stats_bound.png", args.gpu)
+    print(f"{len(df)} rows, {len(meets)} where a separate read of a could meet the aim -> "
+          f"{out / 'prenorm_stats_bound.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

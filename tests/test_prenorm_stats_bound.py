@@ -1,0 +1,76 @@
+"""``bench/prenorm_stats_bound.py``: the most the deferred pre-norm can save when it reads `a`
+for its own statistics, from the committed benchmarks; the arithmetic, the newest benchmark per
+row, the in-loop variant's deterministic tilings only, and the committed report current."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from _bench_scripts import REPO, run_bench_script
+
+GPU = "nvidia_h200_sm90"
+
+
+def _run(*args) -> pd.DataFrame:
+    done = run_bench_script("prenorm_stats_bound", *args)
+    assert done.returncode == 0, done.stderr
+    out = Path(args[args.index("--out") + 1])
+    return pd.read_csv(out / "prenorm_stats_bound.csv", keep_default_na=False, na_values=[""])
+
+
+def test_committed_report_is_current(tmp_path):
+    _run("--gpu", GPU, "--out", tmp_path)
+    for name in ("prenorm_stats_bound.csv", "prenorm_stats_bound.md"):
+        committed = REPO / "bench" / "results" / GPU / name
+        assert committed.read_text() == (tmp_path / name).read_text(), \
+            "run python bench/prenorm_stats_bound.py after changing the pre-norm benchmarks"
+
+
+def _bench(folder: Path, stem: str, kernel: str, date: str, rows: list[dict]) -> None:
+    pd.DataFrame(rows).to_csv(folder / f"{stem}.csv", index=False)
+    (folder / f"{stem}.json").write_text(json.dumps({"kernel": kernel, "date": date}))
+
+
+def test_bound_arithmetic_newest_run_and_deterministic_in_loop_only(tmp_path):
+    folder = tmp_path / "results" / GPU
+    (folder / "variants").mkdir(parents=True)
+    row = {"M": 1_000_000, "K": 1024, "N": 512, "dtype": "bfloat16"}
+    times = {"inductor_norm_ms": 1.0, "cublas_mm_ms": 2.0, "helion_matmul_ms": 2.1}
+    _bench(folder, "rmsnorm_matmul_prenorm_rmsnorm_old", "rmsnorm_matmul", "2026-01-01T00:00:00+00:00",
+           [{**row, **times, "saved_vs_cublas_inductor_pct": 99.0}])
+    _bench(folder, "rmsnorm_matmul_prenorm_rmsnorm_new", "rmsnorm_matmul", "2026-02-01T00:00:00Z",
+           [{**row, **times, "saved_vs_cublas_inductor_pct": 30.0},
+            {**row, "K": 256, **times, "saved_vs_cublas_inductor_pct": 50.0}])  # K < 1024: left out
+    _bench(folder, "rmsnorm_matmul_given_rstd_prenorm_rmsnorm_x", "rmsnorm_matmul_given_rstd",
+           "2026-02-01T00:00:00+00:00", [{**row, **times, "saved_vs_cublas_inductor_pct": 70.0}])
+    # the fastest in-loop tiling reran nondeterministically: the next one's extra time is taken
+    pd.DataFrame([
+        {**row, "variant": v, "tiling": t, "failed_draws": 0, "nondeterministic_draws": nd, "ms": ms}
+        for v, t, nd, ms in (("in_loop", "fast", 2, 2.0), ("matmul", "fast", 0, 1.9),
+                             ("in_loop", "slow", 0, 2.5), ("matmul", "slow", 0, 2.2))
+    ]).drop(columns="dtype").to_csv(folder / "variants" / "pre_norm_variants.csv", index=False)
+
+    df = _run("--gpu", GPU, "--results", tmp_path / "results", "--hbm-tbps", "4", "--out", tmp_path / "out")
+    assert len(df) == 1
+    r = df.iloc[0]
+    stats = 1_000_000 * 1024 * 2 / 4e12 * 1e3  # ms: reading a once at 4 TB/s
+    assert r.stats_floor_ms == pytest.approx(stats, rel=1e-4)
+    assert r.bound_two_reads_pct == pytest.approx(100 * (2.0 + 1.0 - 2.1 - stats) / 1.0, rel=1e-4)
+    assert r.bound_two_reads_cublas_pct == pytest.approx(100 * (1.0 - stats), rel=1e-4)
+    assert r.in_loop_tiling == "slow" and r.in_loop_extra_ms == pytest.approx(0.3)
+    assert r.in_loop_saved_pct == pytest.approx(100 * (2.0 + 1.0 - 2.1 - 0.3), rel=1e-4)
+    assert r.own_stats_saved_pct == 30.0 and r.own_stats_file == "rmsnorm_matmul_prenorm_rmsnorm_new.csv"
+    assert r.given_rstd_saved_pct == 70.0
+    assert bool(r.two_reads_can_meet_aim) is (100 * (1.0 - stats) >= 60)
+    md = (tmp_path / "out" / "prenorm_stats_bound.md").read_text()
+    assert "--hbm-tbps 4.0" in md and "nan" not in md
+
+
+def test_clear_errors(tmp_path):
+    done = run_bench_script("prenorm_stats_bound", "--results", tmp_path, "--out", tmp_path / "out")
+    assert done.returncode == 2 and "no rmsnorm_matmul benchmark" in done.stderr and "Traceback" not in done.stderr
+    done = run_bench_script("prenorm_stats_bound", "--hbm-tbps", "0", "--out", tmp_path / "out")
+    assert done.returncode == 2 and "--hbm-tbps must be positive" in done.stderr
