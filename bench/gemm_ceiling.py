@@ -115,7 +115,7 @@ def report(gpu: str, results: Path, configs: Path) -> pd.DataFrame:
     # every dated run since the row's own entry was tuned (all dated runs where it has none)
     since = pd.Series([tuned.get(tuple(k)) for k in timed[KEY].itertuples(index=False)], index=timed.index,
                       dtype="datetime64[ns, UTC]")
-    recent = timed[timed.measured_at.notna() & (since.isna() | (timed.measured_at > since))]
+    recent = timed[timed.measured_at.notna() & (since.isna() | (timed.measured_at >= since))]
     # Timed in one order, the GEMM's place decides its ratio: the plain GEMM's own benchmark
     # (it first, then cuBLAS) reads lower than a fused kernel's (cuBLAS after the GEMM and the
     # fused kernel), by 0.03-0.08 at M = 262144 (bench/NOTES.md, nineteenth and twenty-first

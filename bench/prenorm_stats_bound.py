@@ -22,8 +22,8 @@ squares while others run tensor-core tiles, the GEMM tiles' epilogues waiting on
 flags), which Helion 1.5 offers no deterministic in-kernel wait for (``bench/NOTES.md``,
 twenty-first session). The in-loop form reads ``a`` once but adds work to every k-step of every N tile;
 ``bench/variants/pre_norm_variants.py`` measured its extra time over the plain GEMM with the
-same tiling (``in_loop_extra_ms``, the fastest tiling whose reruns were bit-identical) where it
-ran. Beside them: the measured savings of the own-statistics kernel (``own_stats_saved_pct``)
+same tiling (``in_loop_extra_ms``, at the tiling where it ran fastest with bit-identical reruns)
+where it ran. Beside them: the measured savings of the own-statistics kernel (``own_stats_saved_pct``)
 and of the kernel given the producer's ``rstd`` (``given_rstd_saved_pct``,
 ``rmsnorm_matmul_given_rstd``: a GEMM or residual-add epilogue upstream emits the sums of
 squares), each from the newest benchmark of the row.
@@ -36,6 +36,7 @@ Writes ``bench/results/<gpu>/prenorm_stats_bound.{csv,md,png}``.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -72,8 +73,8 @@ def newest(folder: Path, kernel: str) -> pd.DataFrame:
 
 def in_loop_extra(variants_csv: Path) -> pd.DataFrame:
     """Per (M, K, N) of the pre-norm variants' results: the in-loop form's extra ms over the
-    plain GEMM at the same tiling, at the tiling where that is smallest among those whose
-    draws all passed (reference check and bit-identical reruns)."""
+    plain GEMM at the same tiling, at the tiling where the in-loop kernel was fastest among those
+    whose draws all passed (reference check and bit-identical reruns)."""
     if not variants_csv.is_file():
         return pd.DataFrame(columns=[*KEY, "in_loop_extra_ms", "in_loop_tiling"])
     v = pd.read_csv(variants_csv)
@@ -82,7 +83,7 @@ def in_loop_extra(variants_csv: Path) -> pd.DataFrame:
     if not {"in_loop", "matmul"} <= set(wide.columns):
         return pd.DataFrame(columns=[*KEY, "in_loop_extra_ms", "in_loop_tiling"])
     wide = wide.dropna(subset=["in_loop", "matmul"]).assign(in_loop_extra_ms=lambda d: d.in_loop - d.matmul)
-    best = wide.sort_values("in_loop_extra_ms").drop_duplicates(KEY)
+    best = wide.sort_values("in_loop", kind="stable").drop_duplicates(KEY)
     return best[[*KEY, "in_loop_extra_ms"]].assign(in_loop_tiling=best["tiling"].values)
 
 
@@ -105,10 +106,9 @@ def report(folder: Path, where: str, hbm_tbps: float) -> pd.DataFrame:
     out["in_loop_saved_pct"] = saved(out.helion_gemm_ms, out.in_loop_extra_ms)
     out["own_stats_saved_pct"] = own["saved_vs_cublas_inductor_pct"].values
     out["own_stats_file"] = own["file"].values
-    given = newest(folder, "rmsnorm_matmul_given_rstd")
-    given = given[[*KEY, "saved_vs_cublas_inductor_pct", "file"]].rename(
-        columns={"saved_vs_cublas_inductor_pct": "given_rstd_saved_pct", "file": "given_rstd_file"})
-    out = out.merge(given, on=KEY, how="left")
+    given = newest(folder, "rmsnorm_matmul_given_rstd").reindex(columns=[*KEY, "saved_vs_cublas_inductor_pct", "file"])
+    given = given.rename(columns={"saved_vs_cublas_inductor_pct": "given_rstd_saved_pct", "file": "given_rstd_file"})
+    out = out.merge(given.astype({k: "int64" for k in KEY}), on=KEY, how="left")
     out[["in_loop_tiling", "given_rstd_file"]] = out[["in_loop_tiling", "given_rstd_file"]].fillna("")
     out["aim_pct"] = AIM_PCT
     out["two_reads_can_meet_aim"] = out.bound_two_reads_cublas_pct >= AIM_PCT
@@ -151,23 +151,30 @@ def main(argv: list[str] | None = None) -> int:
                    help="results root, the folder above the GPU folders (default: the checkout's bench/results)")
     p.add_argument("--out", type=Path, default=None, help="folder (default bench/results/<gpu>/)")
     args = p.parse_args(argv)
-    if args.hbm_tbps <= 0:
-        p.error("--hbm-tbps must be positive")
+    if not (math.isfinite(args.hbm_tbps) and args.hbm_tbps > 0):
+        p.error("--hbm-tbps must be a positive, finite number")
     folder = args.results / args.gpu
-    df = report(folder, args.where, args.hbm_tbps)
+    try:
+        df = report(folder, args.where, args.hbm_tbps)
+    except (pd.errors.UndefinedVariableError, SyntaxError, ValueError) as err:
+        p.error(f"--where {args.where!r}: {err}")
     if df.empty:
         p.error(f"no rmsnorm_matmul benchmark of the prenorm_rmsnorm table in {folder} matches {args.where!r}")
     out = args.out or folder
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out} is a file, not a folder")
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "prenorm_stats_bound.csv", index=False, float_format="%.5g")
+    committed = args.results.resolve() == (ROOT / "bench" / "results").resolve()
     command = "python bench/prenorm_stats_bound.py" + "".join(
         f" {flag} {value!r}" if flag == "--where" else f" {flag} {value}"
         for flag, value, default in (("--gpu", args.gpu, "nvidia_h200_sm90"), ("--where", args.where, "K >= 1024"),
-                                     ("--hbm-tbps", args.hbm_tbps, 4.8)) if value != default)
+                                     ("--hbm-tbps", args.hbm_tbps, 4.8), ("--results", args.results, None))
+        if value != default and not (flag == "--results" and committed))
     meets = df[df.two_reads_can_meet_aim]
     (out / "prenorm_stats_bound.md").write_text("\n".join([
         f"# The deferred pre-norm's own statistics: the most they let it save ({args.gpu})", "",
-        f"- command: `{command}` (from the committed benchmarks)",
+        f"- command: `{command}`" + (" (from the committed benchmarks)" if committed else ""),
         "- norm_ms, cublas_ms, helion_gemm_ms: the inductor norm, cuBLAS and the plain Helion GEMM in the newest"
         " `rmsnorm_matmul` benchmark of the row (`own_stats_file`); stats_floor_ms: reading `a` (M x K bf16) once"
         f" at {args.hbm_tbps:g} TB/s, the HBM peak; stats_floor_over_norm: that over the norm's time",
@@ -176,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         " k-loop before the GEMM, a grid-wide barrier between them), can save against cuBLAS + inductor norm, with"
         " a free scaling epilogue; bound_two_reads_cublas_pct: the same with a GEMM as fast as cuBLAS",
         "- in_loop_extra_ms: the in-loop form (sum of squares from the GEMM's own `a` tiles) over the plain GEMM"
-        " at the same tiling, the fastest tiling whose reruns were bit-identical (`variants/pre_norm_variants.md`;"
+        " at the same tiling, the tiling where it ran fastest with bit-identical reruns (`variants/pre_norm_variants.md`;"
         " blank where not measured); in_loop_saved_pct: what that extra time leaves of the saving",
         "- own_stats_saved_pct, given_rstd_saved_pct: measured savings of `rmsnorm_matmul` (its own statistics)"
         " and of `rmsnorm_matmul_given_rstd` (the producer's rstd), newest benchmark of each",

@@ -234,7 +234,7 @@ def main() -> int:
         add_timer_argument(p)
         p.add_argument("--bias", action="store_true", help="Linear with a bias (default: without)")
         p.add_argument("--repeats", type=positive_int, default=1,
-                       help="time every column this many times, in turn, and report the medians (default 1)")
+                       help="repeats, each timing the columns in order, then reversed; the medians reported (default 1)")
 
     args, table = workload_script_args(__doc__.splitlines()[0], arguments, default_workload="training")
     warnings.simplefilter("ignore", registry.ConfigFallbackWarning)

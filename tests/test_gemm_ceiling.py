@@ -36,7 +36,6 @@ def test_every_committed_row_once_with_the_aim(tmp_path):
         assert (part[count] >= 1).all() and (part.judged == part[median]).all()
     by_runs = checked[checked.runs >= 1]
     assert (by_runs.runs_min <= by_runs.runs_median).all() and (by_runs.runs_median <= by_runs.runs_max).all()
-    assert (checked[checked.balanced_runs == 0].judged_by != "balanced").all()
     assert df[df.status == "not measured"].helion_gemm_vs_cublas.isna().all()
 
 

@@ -186,7 +186,7 @@ def plot_store_cost(df: pd.DataFrame, path: Path, gpu: str) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--where", default=None, help="pandas query on the postnorm_fullrow table")
-    p.add_argument("--repeats", type=int, default=3, help="times each column is timed (default 3)")
+    p.add_argument("--repeats", type=int, default=3, help="repeats, each timing the columns in order, then reversed (default 3)")
     args = p.parse_args()
     try:
         table = load_workload("postnorm_fullrow", args.where)
@@ -208,8 +208,8 @@ def main() -> int:
         f"command: `{command}`",
         "bf16, affine LayerNorm; every variant runs the registry's forward config for the row with the h store's "
         "indexing slot added; `<variant>_store_ms` = variant - forward (what storing h costs)",
-        f"timing: CUDA-graph replay, median, input sets rotated past L2; every column timed {args.repeats} times, "
-        "in turn; medians",
+        f"timing: CUDA-graph replay, median, input sets rotated past L2; every column timed in {args.repeats} "
+        "repeats, the columns in order then reversed; medians",
     ])
     plot_store_cost(df, Path(f"{stem}.png"), torch.cuda.get_device_name(device))
     print(df.to_string())

@@ -110,7 +110,7 @@ def main() -> int:
         print("gemm_epilogue_subtile: no CUDA GPU; checked code generation only", file=sys.stderr)
         return 0
 
-    # Timing: per row, every column in turn within each repeat, on rotated input sets (>= 4x L2)
+    # Timing: per row, the columns in order then reversed within each repeat, on rotated input sets (>= 4x L2)
     df = pd.DataFrame(rows)
     results = []
     for (m, k, n), group in df.groupby(["M", "K", "N"], sort=False):
