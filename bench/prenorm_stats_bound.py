@@ -2,14 +2,12 @@
 computes its own statistics, against what it saves, from the committed benchmarks (no GPU).
 
 The pre-norm ``rmsnorm(a) @ b = diag(rstd) (a * weight) @ b`` needs ``rstd``, the per-row
-``1 / sqrt(mean(a^2) + eps)``, before its epilogue. Computed by the kernel itself, the sum of
-squares reads ``a`` from HBM once more, unless it is taken from the tiles the GEMM's k-loop
-already loads (the blog's in-loop form). The inductor norm it replaces reads ``a`` and writes
-the normalised copy: 2 M K bytes-per-element both ways. So a formulation with a separate read
-of ``a`` that does not overlap the MMA (a stats pre-pass kernel, with or without programmatic
-dependent launch, whose GEMM waits at entry; a row-block program with its own k-loop before its
-GEMM, as shipped; one kernel with a grid-wide ``hl.barrier`` between the two loops) saves at
-most
+``1 / sqrt(mean(a^2) + eps)``, before its epilogue. The inductor norm it replaces reads ``a``
+and writes the normalised copy: 2 M K bytes-per-element both ways. A kernel that computes the
+sum of squares itself reads ``a`` for it from HBM, and where that read takes the whole GPU while
+no tensor core works (a statistics pre-pass kernel, with or without programmatic dependent
+launch, whose GEMM waits at its entry; one kernel with a grid-wide ``hl.barrier`` between a
+statistics loop and the GEMM loop), it saves at most
 
     (t_cublas + t_norm - t_gemm - t_stats) / t_norm,   t_stats >= M K * 2 bytes / peak HBM rate
 
@@ -17,10 +15,11 @@ of the norm's time against cuBLAS + inductor norm (the issue's measure), even wi
 scaling epilogue: ``bound_two_reads_pct`` with the measured plain Helion GEMM as ``t_gemm``,
 ``bound_two_reads_cublas_pct`` with a GEMM as fast as cuBLAS. ``t_stats`` is taken at the HBM
 peak (``--hbm-tbps``, 4.8 TB/s for the H200), faster than any read here measured, so the bounds
-are generous. The bound does not hold for a read that overlaps the MMA (some programs summing
-squares while others run tensor-core tiles, the GEMM tiles' epilogues waiting on per-row-block
-flags), which Helion 1.5 offers no deterministic in-kernel wait for (``bench/NOTES.md``,
-twenty-first session). The in-loop form reads ``a`` once but adds work to every k-step of every N tile;
+are generous. The shipped row-block kernel (each program sums its rows' squares, then runs their
+N tiles from L2) is not bound by it, since one SM's statistics loop can overlap other SMs' MMA,
+but it measured about that cost (``bench/NOTES.md``, twenty-first session); nor is a kernel
+whose statistics programs run beside GEMM programs that wait on per-row-block flags, which has
+not been built. The in-loop form reads ``a`` once but adds work to every k-step of every N tile;
 ``bench/variants/pre_norm_variants.py`` measured its extra time over the plain GEMM with the
 same tiling (``in_loop_extra_ms``, at the tiling where it ran fastest with bit-identical reruns)
 where it ran. Beside them: the measured savings of the own-statistics kernel (``own_stats_saved_pct``)
@@ -117,8 +116,8 @@ def report(folder: Path, where: str, hbm_tbps: float) -> pd.DataFrame:
 
 def plot(df: pd.DataFrame, path: Path, gpu: str) -> None:
     labels = [f"{r.M}x{r.K}x{r.N}" for r in df.itertuples()]
-    bars = {"bound, separate read of a, GEMM = cuBLAS": ("bound_two_reads_cublas_pct", "tab:grey"),
-            "bound, separate read of a, Helion GEMM": ("bound_two_reads_pct", "silver"),
+    bars = {"bound, pre-pass read of a, GEMM = cuBLAS": ("bound_two_reads_cublas_pct", "tab:grey"),
+            "bound, pre-pass read of a, Helion GEMM": ("bound_two_reads_pct", "silver"),
             "measured, own statistics (shipped)": ("own_stats_saved_pct", "tab:red"),
             "measured, rstd given by the producer": ("given_rstd_saved_pct", "tab:green")}
     fig, ax = plt.subplots(figsize=(max(6.5, 1.1 * len(df)), 5.6))
@@ -178,23 +177,25 @@ def main(argv: list[str] | None = None) -> int:
         "- norm_ms, cublas_ms, helion_gemm_ms: the inductor norm, cuBLAS and the plain Helion GEMM in the newest"
         " `rmsnorm_matmul` benchmark of the row (`own_stats_file`); stats_floor_ms: reading `a` (M x K bf16) once"
         f" at {args.hbm_tbps:g} TB/s, the HBM peak; stats_floor_over_norm: that over the norm's time",
-        "- bound_two_reads_pct: (cublas + norm - helion_gemm - stats_floor) / norm, the most a kernel that reads `a`"
-        " for its statistics apart from the GEMM's loads, not overlapped with the MMA (a pre-pass, a row-block"
-        " k-loop before the GEMM, a grid-wide barrier between them), can save against cuBLAS + inductor norm, with"
-        " a free scaling epilogue; bound_two_reads_cublas_pct: the same with a GEMM as fast as cuBLAS",
+        "- bound_two_reads_pct: (cublas + norm - helion_gemm - stats_floor) / norm, the most a kernel can save"
+        " against cuBLAS + inductor norm, with a free scaling epilogue, when it reads `a` for its statistics with"
+        " the whole GPU and no MMA running (a pre-pass kernel, or a grid-wide barrier between a statistics loop and"
+        " the GEMM loop); bound_two_reads_cublas_pct: the same with a GEMM as fast as cuBLAS. The shipped row-block"
+        " kernel, whose statistics loop on one SM can overlap MMA on others, is not bound by it but measured about"
+        " that cost (bench/NOTES.md, twenty-first session)",
         "- in_loop_extra_ms: the in-loop form (sum of squares from the GEMM's own `a` tiles) over the plain GEMM"
         " at the same tiling, the tiling where it ran fastest with bit-identical reruns (`variants/pre_norm_variants.md`;"
         " blank where not measured); in_loop_saved_pct: what that extra time leaves of the saving",
         "- own_stats_saved_pct, given_rstd_saved_pct: measured savings of `rmsnorm_matmul` (its own statistics)"
         " and of `rmsnorm_matmul_given_rstd` (the producer's rstd), newest benchmark of each",
-        f"- rows: {len(df)}; rows where a separate read of `a` could meet the {AIM_PCT:.0f}% aim even with a GEMM"
+        f"- rows: {len(df)}; rows where a pre-pass read of `a` could meet the {AIM_PCT:.0f}% aim even with a GEMM"
         f" as fast as cuBLAS: {len(meets)}"
         + (f" ({', '.join(f'{r.M}x{r.K}x{r.N}' for r in meets.itertuples())})" if len(meets) else ""),
         "", "![prenorm_stats_bound](prenorm_stats_bound.png)", "",
         # None, not NaN, is what tabulate leaves blank
         df.astype(object).where(df.notna(), None).to_markdown(index=False, floatfmt=".4g", missingval=""), ""]))
     plot(df, out / "prenorm_stats_bound.png", args.gpu)
-    print(f"{len(df)} rows, {len(meets)} where a separate read of a could meet the aim -> "
+    print(f"{len(df)} rows, {len(meets)} where a pre-pass read of a could meet the aim -> "
           f"{out / 'prenorm_stats_bound.md'}")
     return 0
 
