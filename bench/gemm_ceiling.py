@@ -122,10 +122,11 @@ def report(gpu: str, results: Path, configs: Path) -> pd.DataFrame:
     # sessions). The runs in a balanced order judge a row where it has any; otherwise the runs
     # beside a fused kernel, and the alone runs only where there are no others (extra alone runs
     # must not be able to turn a miss into a meet).
-    balanced = (recent[recent.balanced.astype(bool)].groupby(KEY)["helion_gemm_vs_cublas"]
+    in_balanced_order = recent.balanced.astype(bool)
+    balanced = (recent[in_balanced_order].groupby(KEY)["helion_gemm_vs_cublas"]
                 .agg(balanced_runs="count", balanced_median="median", balanced_min="min", balanced_max="max")
                 .reset_index())
-    one_order = recent[~recent.balanced.astype(bool)]
+    one_order = recent[~in_balanced_order]
     alone_run = one_order.kernel == "matmul"
     runs = (one_order[~alone_run].groupby(KEY)["helion_gemm_vs_cublas"]
             .agg(runs="count", runs_median="median", runs_min="min", runs_max="max").reset_index())
@@ -149,10 +150,12 @@ def report(gpu: str, results: Path, configs: Path) -> pd.DataFrame:
             return "re-tuned since"
         return "meets" if r.judged <= r.aim else "misses"
 
-    out["judged_by"] = ["balanced" if r.balanced_runs else "beside fused" if r.runs else "alone" if r.alone_runs
-                        else "" for r in out.itertuples()]
-    out["judged"] = [r.balanced_median if r.balanced_runs else r.runs_median if r.runs else r.alone_median
-                     for r in out.itertuples()]
+    # the first group with runs judges the row: (name, its run count, its median)
+    groups = (("balanced", "balanced_runs", "balanced_median"), ("beside fused", "runs", "runs_median"),
+              ("alone", "alone_runs", "alone_median"))
+    judging = [next((g for g in groups if r[g[1]]), ("", None, None)) for _, r in out.iterrows()]
+    out["judged_by"] = [name for name, _, _ in judging]
+    out["judged"] = [r[median] if median else math.nan for (_, _, median), (_, r) in zip(judging, out.iterrows())]
     out["status"] = out.apply(status, axis=1)
     out["measured_at"] = [t.isoformat() if pd.notna(t) else "" for t in out["measured_at"]]
     out["file"] = out["file"].fillna("")
@@ -176,10 +179,12 @@ def plot(df: pd.DataFrame, path: Path, gpu: str) -> None:
         ax.bar(part.index, value, color=colour, label=state)
         ax.errorbar(part.index, value, yerr=[value - low, high - value], fmt="none", ecolor="black", elinewidth=0.8,
                     capsize=2)
-    for column, marker, colour, label in (("runs_median", "v", "tab:orange", "one order, beside a fused kernel"),
-                                          ("alone_median", "D", "tab:blue", "one order, timed alone")):
-        shown = measured[measured.judged_by == "balanced"].dropna(subset=[column]) if column == "runs_median" \
-            else measured.dropna(subset=[column])
+    # the one-order medians as markers where the bar is not theirs already
+    by_balanced = measured[measured.judged_by == "balanced"]
+    for shown, column, marker, colour, label in (
+            (by_balanced, "runs_median", "v", "tab:orange", "one order, beside a fused kernel"),
+            (measured, "alone_median", "D", "tab:blue", "one order, timed alone")):
+        shown = shown.dropna(subset=[column])
         if not shown.empty:
             ax.scatter(shown.index, shown[column], marker=marker, color=colour, edgecolors="white",
                        linewidths=0.5, s=22, zorder=3, label=f"{label} (median)")
@@ -249,9 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         " M = 262144 (bench/NOTES.md, nineteenth and twenty-first sessions), so the groups are not mixed",
         "- judged_by, judged: the group that judges the row and its median: balanced where the row has such runs,"
         " else beside fused, else alone. status: meets / misses the aim by `judged`; re-tuned since: the row's own"
-        " `matmul` entry is newer than the"
-" measurement (re-bench it); not measured: no benchmark timed the Helion GEMM there; date unknown: the"
-        " result has no `.json`. matmul_entry: exact where the registry holds the row's own `matmul` entry,"
+        " `matmul` entry is newer than the measurement (re-bench it); not measured: no benchmark timed the Helion"
+        " GEMM there; date unknown: the result has no `.json`. matmul_entry: exact where the registry holds the row's own `matmul` entry,"
         " nearest where the GEMM runs another shape's config (a re-tune of that neighbour is not seen here:"
         " the bench's `helion_matmul_config` column says which config a measurement ran)",
         "- `<kernel>_vs_helion_gemm`: that fused kernel's time over the plain Helion GEMM's in the newest benchmark"

@@ -21,8 +21,8 @@ it, on the same inputs:
 ``speedup_vs_best_unfused`` = unfused / fused in training; ``saved_vs_cublas_inductor_pct`` =
 (unfused - fused) / inductor_norm, the blog's metric; ``training_decision``: the choice that
 ``bench/dispatch_from_bench.py --training`` records from the row (the library's 2% margin). Timing: CUDA-graph replay, median,
-input sets rotated past the L2 cache; ``--repeats N`` times the columns in order and then reversed, N times, and
-reports the medians. Every row is checked against an fp32 reference (y, statistics and h).
+input sets rotated past the L2 cache; ``--repeats N`` times the columns in order and then
+reversed, N times, and reports the medians. Every row is checked against an fp32 reference (y, statistics and h).
 
     python bench/postnorm_training_forward.py --kernel matmul_layernorm [--workload postnorm_fullrow]
         [--where 'M == 65536'] [--repeats 3]
@@ -47,8 +47,8 @@ import pandas as pd
 import torch
 
 from helion_kernels import registry, tuning, workloads
-from helion_kernels.benchmark import (BALANCED_ORDER, aim_bars, finish_plot, row_labels, run_meta, time_columns, workload_script_args,
-                                      write_results)
+from helion_kernels.benchmark import (BALANCED_ORDER, aim_bars, finish_plot, row_labels, run_meta, time_columns,
+                                      workload_script_args, write_results)
 from helion_kernels.cli import positive_int
 from helion_kernels.kernels import get_spec
 from helion_kernels.ops import postnorm
@@ -143,7 +143,8 @@ def plot(df: pd.DataFrame, meta: dict, path) -> None:
 def main() -> int:
     def add(p):
         p.add_argument("--kernel", required=True, choices=sorted(KERNELS))
-        p.add_argument("--repeats", type=positive_int, default=3, help="repeats, each timing the columns in order, then reversed (default 3)")
+        p.add_argument("--repeats", type=positive_int, default=3,
+                       help="repeats, each timing the columns in order, then reversed (default 3)")
 
     args, table = workload_script_args(__doc__.splitlines()[0], add, default_workload="postnorm_fullrow")
     device = torch.device("cuda")

@@ -91,17 +91,14 @@ def report(folder: Path, where: str, hbm_tbps: float) -> pd.DataFrame:
     if own.empty:
         return pd.DataFrame()
     own = own.query(where) if where else own
-    out = own[KEY].copy()
-    out["norm_ms"] = own["inductor_norm_ms"].values
-    out["cublas_ms"] = own["cublas_mm_ms"].values
-    out["helion_gemm_ms"] = own["helion_matmul_ms"].values
+    out = own[KEY].assign(norm_ms=own.inductor_norm_ms, cublas_ms=own.cublas_mm_ms, helion_gemm_ms=own.helion_matmul_ms)
     out["stats_floor_ms"] = out.M * out.K * BYTES / (hbm_tbps * 1e12) * 1e3
     out["stats_floor_over_norm"] = out.stats_floor_ms / out.norm_ms
     saved = lambda gemm, extra: 100 * (out.cublas_ms + out.norm_ms - gemm - extra) / out.norm_ms  # noqa: E731
     out["bound_two_reads_pct"] = saved(out.helion_gemm_ms, out.stats_floor_ms)
     out["bound_two_reads_cublas_pct"] = saved(out.cublas_ms, out.stats_floor_ms)
     loop = in_loop_extra(folder / "variants" / "pre_norm_variants.csv")
-    out = out.merge(loop, on=KEY, how="left")
+    out = out.merge(loop, on=KEY, how="left")  # a left merge keeps the rows in `own`'s order
     out["in_loop_saved_pct"] = saved(out.helion_gemm_ms, out.in_loop_extra_ms)
     out["own_stats_saved_pct"] = own["saved_vs_cublas_inductor_pct"].values
     out["own_stats_file"] = own["file"].values
@@ -184,8 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         " kernel, whose statistics loop on one SM can overlap MMA on others, is not bound by it but measured about"
         " that cost (bench/NOTES.md, twenty-first session)",
         "- in_loop_extra_ms: the in-loop form (sum of squares from the GEMM's own `a` tiles) over the plain GEMM"
-        " at the same tiling, the tiling where it ran fastest with bit-identical reruns (`variants/pre_norm_variants.md`;"
-        " blank where not measured); in_loop_saved_pct: what that extra time leaves of the saving",
+        " at the same tiling, the tiling where it ran fastest with bit-identical reruns"
+        " (`variants/pre_norm_variants.md`; blank where not measured); in_loop_saved_pct: what that extra time leaves of the saving",
         "- own_stats_saved_pct, given_rstd_saved_pct: measured savings of `rmsnorm_matmul` (its own statistics)"
         " and of `rmsnorm_matmul_given_rstd` (the producer's rstd), newest benchmark of each",
         f"- rows: {len(df)}; rows where a pre-pass read of `a` could meet the {AIM_PCT:.0f}% aim even with a GEMM"

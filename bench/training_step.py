@@ -25,8 +25,8 @@ compiled pair's.
     python bench/training_step.py [--where "layer == 'linear_layernorm'"] [--timer graph] [--bias] [--repeats N] [--out DIR]
 
 ``--repeats N``: every column timed in N repeats, each taking the columns in order and then in
-reverse order (clock drift and a column's place fall on all alike); the medians are reported, with ``speedup_vs_compiled_spread``
-(max - min of the per-repeat ratio).
+reverse order (clock drift and a column's place fall on all alike); the medians are reported,
+with ``speedup_vs_compiled_spread`` (max - min of the per-repeat ratio).
 
 ``--bias``: the Linear has a bias (added inside the post-norm kernels). Writes
 ``training_step_<workload>[_bias][_graph][_<where>].{csv,md,json,png}`` to
@@ -46,8 +46,8 @@ import torch
 from torch import nn
 
 from helion_kernels import LinearLayerNorm, LinearRMSNorm, RMSNormLinear, matmul, registry, workloads
-from helion_kernels.benchmark import (BALANCED_ORDER, aim_bars, finish_plot, run_meta, time_columns, workload_script_args,
-                                      write_results)
+from helion_kernels.benchmark import (BALANCED_ORDER, aim_bars, finish_plot, run_meta, time_columns,
+                                      workload_script_args, write_results)
 from helion_kernels.cli import positive_int
 from helion_kernels.timing import measure_ceilings
 from helion_kernels.verify import check_outputs
@@ -234,7 +234,8 @@ def main() -> int:
         add_timer_argument(p)
         p.add_argument("--bias", action="store_true", help="Linear with a bias (default: without)")
         p.add_argument("--repeats", type=positive_int, default=1,
-                       help="repeats, each timing the columns in order, then reversed; the medians reported (default 1)")
+                       help="repeats, each timing the columns in order, then reversed; the medians reported "
+                            "(default 1)")
 
     args, table = workload_script_args(__doc__.splitlines()[0], arguments, default_workload="training")
     warnings.simplefilter("ignore", registry.ConfigFallbackWarning)

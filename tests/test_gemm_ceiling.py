@@ -30,8 +30,8 @@ def test_every_committed_row_once_with_the_aim(tmp_path):
     assert (df["aim"] == df["K"].map(lambda k: 1.07 if k >= 512 else 1.15)).all()
     checked = df[df.status.isin(["meets", "misses"])]
     assert ((checked.judged <= checked.aim) == (checked.status == "meets")).all()
-    for group, count, median in (("balanced", "balanced_runs", "balanced_median"), ("beside fused", "runs", "runs_median"),
-                                 ("alone", "alone_runs", "alone_median")):
+    for group, count, median in (("balanced", "balanced_runs", "balanced_median"),
+                                 ("beside fused", "runs", "runs_median"), ("alone", "alone_runs", "alone_median")):
         part = checked[checked.judged_by == group]
         assert (part[count] >= 1).all() and (part.judged == part[median]).all()
     by_runs = checked[checked.runs >= 1]

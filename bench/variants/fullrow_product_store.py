@@ -186,7 +186,8 @@ def plot_store_cost(df: pd.DataFrame, path: Path, gpu: str) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--where", default=None, help="pandas query on the postnorm_fullrow table")
-    p.add_argument("--repeats", type=int, default=3, help="repeats, each timing the columns in order, then reversed (default 3)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="repeats, each timing the columns in order, then reversed (default 3)")
     args = p.parse_args()
     try:
         table = load_workload("postnorm_fullrow", args.where)
