@@ -1,7 +1,8 @@
-"""A pre-norm formulation measured, not shipped (``bench/variants/pre_norm_variants.py``): the
-epilogue-only scaling of a GEMM whose producer already wrote the rows' rstd. Reference mode
-checks the math; the Triton interpreter runs several N and k tiles per row, a partial last
-tile and M not a multiple of tile_m."""
+"""Pre-norm formulations measured, not shipped (``bench/variants/pre_norm_variants.py``): the
+epilogue-only scaling of a GEMM whose producer already wrote the rows' rstd, and the sum of
+squares taken in the first N tile's k-loop only. Reference mode checks the math; the Triton
+interpreter runs several N and k tiles per row, a partial last tile and M not a multiple of
+tile_m (so the first-tile kernel's masked-off loads in the later N tiles must add nothing)."""
 
 from __future__ import annotations
 
@@ -41,11 +42,18 @@ def _check_scale_only(shape, dtype, device, config):
     check_outputs(_run(variants.row_scale_kernel, (a, b, rstd), config), ref[0], dtype)
 
 
+def _check_first_tile(shape, dtype, device, config):
+    args = _args(shape, dtype, device)
+    ref = rmsnorm_matmul_reference(*(x.double() if isinstance(x, torch.Tensor) else x for x in args))
+    check_outputs(_run(variants.first_tile_kernel, args, config), ref, dtype)
+
+
 @pytest.mark.ref_mode
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_reference_mode(shape, dtype, device):
     _check_scale_only(shape, dtype, device, None)
+    _check_first_tile(shape, dtype, device, None)
 
 
 @pytest.mark.triton_interpret
@@ -53,6 +61,18 @@ def test_reference_mode(shape, dtype, device):
 def test_under_the_interpreter(shape):
     # fp32: the interpreter mishandles bf16 tl.dot.
     _check_scale_only(shape, torch.float32, "cpu", CONFIG)
+    _check_first_tile(shape, torch.float32, "cpu", variants.first_tile_config(CONFIG))
+
+
+@pytest.mark.triton_interpret
+def test_first_tile_sums_squares_in_one_n_tile_only():
+    """The sum's load is its own (not the MMA's) and is masked off past the first N tile."""
+    args = _args(Shape(40, 48, 40), torch.float32, "cpu")
+    bound = variants.first_tile_kernel.bind(args)
+    code = bound.to_triton_code(variants.first_tile_config(CONFIG))
+    loads = [line for line in code.splitlines() if "tl.load(a +" in line]
+    assert len(loads) == 2, loads
+    assert "== 0" in code and any("&" in line for line in loads), loads
 
 
 def test_every_tiling_is_a_config_of_both_kernels():
@@ -68,6 +88,8 @@ def test_every_tiling_is_a_config_of_both_kernels():
 
     a, b, eps = _args(Shape(256, 256, 256), torch.bfloat16, "cpu")
     for kernel, args, build in ((matmul_kernel, (a, b), lambda t: helion.Config(**t)),
+                                (variants.first_tile_kernel, (a, b, eps),
+                                 lambda t: variants.first_tile_config(helion.Config(**t))),
                                 (rmsnorm_matmul_kernel, (a, b, eps),
                                  lambda t: row_block_config(helion.Config(**t), variants.STATS_K))):
         config_spec = helion.kernel(kernel.fn, static_shapes=True, ref_mode=RefMode.OFF).bind(args).config_spec

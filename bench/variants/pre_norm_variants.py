@@ -5,6 +5,11 @@ with Triton 3.6 (bench/NOTES.md). This script compares, per shape and per tiling
 random inputs (``DRAWS`` reference checks plus ``REPEATS`` bit-identical reruns each):
 
 * ``in_loop``: the previously shipped kernel (two loads of ``a`` in one k-loop);
+* ``first_tile``: one program per block of rows walks every N tile; only the first N tile's
+  k-loop also sums squares, from a load of its own whose mask (true only in that tile) keeps
+  the compiler from merging it with the MMA's load of the same tile, so no load feeds both an
+  MMA and a reduction; the later N tiles reuse the rows' rstd. The sum rides in a k-loop that
+  runs MMAs, where ``row_block`` gives it a loop of its own;
 * ``row_block``: one program per block of rows; a k-loop of its own computes the rows' sum
   of squares once, then the program walks every N tile of those rows with a plain GEMM
   k-loop and scales the accumulator in the epilogue (no load feeds both an MMA and a
@@ -20,8 +25,8 @@ random inputs (``DRAWS`` reference checks plus ``REPEATS`` bit-identical reruns 
 ``shared_operand_check.py``: wrong on 6 of 8 tilings on the H200.)
 
 Usage (CUDA machine):
-``python bench/variants/pre_norm_variants.py OUT.csv [--variants row_block scale_only matmul]
-[--tilings ptr_128x256x64_w8_s4 ...]``.
+``python bench/variants/pre_norm_variants.py OUT.csv [--variants first_tile row_block matmul]
+[--tilings ptr_128x256x64_w8_s4 ...] [--shapes 65536x1024x1024 ...] [--draws 2]``.
 """
 
 from __future__ import annotations
@@ -73,6 +78,34 @@ def in_loop_kernel(a: torch.Tensor, b: torch.Tensor, eps: float) -> tuple[torch.
 
 
 @helion.kernel(static_shapes=True)
+def first_tile_kernel(a: torch.Tensor, b: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    m, k = a.size()
+    _, n = b.size()
+    c = torch.empty([m, n], dtype=a.dtype, device=a.device)
+    rstd = torch.empty([m], dtype=torch.float32, device=a.device)
+    for tile_m in hl.tile(m):
+        sum_sq = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_n in hl.tile(n):
+            acc = hl.zeros([tile_m, tile_n], dtype=torch.float32)
+            for tile_k in hl.tile(k):
+                acc = torch.addmm(acc, a[tile_m, tile_k], b[tile_k, tile_n])
+                # A load of its own, masked off past the first N tile (no memory traffic there,
+                # zeros added): the mask is a tensor so that reference mode takes it too.
+                first = (tile_k.index[None, :] >= 0) & (tile_n.begin == 0)
+                a32 = hl.load(a, [tile_m, tile_k], extra_mask=first).to(torch.float32)
+                sum_sq = sum_sq + torch.sum(a32 * a32, dim=1)
+            row_rstd = torch.rsqrt(sum_sq / k + eps)
+            c[tile_m, tile_n] = (acc * row_rstd[:, None]).to(c.dtype)
+            rstd[tile_m] = row_rstd
+    return c, rstd
+
+
+def first_tile_config(gemm: helion.Config) -> helion.Config:
+    """The first-tile kernel's config for a GEMM tiling (a 1-D grid: no L2 grouping)."""
+    return helion.Config(**{key: val for key, val in gemm.config.items() if key != "l2_groupings"})
+
+
+@helion.kernel(static_shapes=True)
 def rstd_kernel(a: torch.Tensor, eps: float) -> torch.Tensor:
     m, k = a.size()
     rstd = torch.empty([m], dtype=torch.float32, device=a.device)
@@ -121,6 +154,11 @@ def _variants(shape: Shape):
             bound.set_config(helion.Config(**g))
             return lambda: bound(*args)
 
+        def first_tile(args, g=g):
+            bound = first_tile_kernel.bind(args)
+            bound.set_config(first_tile_config(helion.Config(**g)))
+            return lambda: bound(*args)
+
         def row_block(args, g=g):
             bound = row_block_kernel.bind(args)
             bound.set_config(row_block_config(helion.Config(**g), STATS_K))
@@ -150,13 +188,13 @@ def _variants(shape: Shape):
             bound.set_config(helion.Config(**g))
             return lambda: bound(*args[:2])
 
-        out += [("in_loop", name, in_loop), ("row_block", name, row_block),
+        out += [("in_loop", name, in_loop), ("first_tile", name, first_tile), ("row_block", name, row_block),
                 ("prepass", name, prepass), ("scale_only", name, scale_only), ("matmul", name, matmul)]
     return out
 
 
 def main(out_csv: str, shapes=(Shape(65536, 256, 256), Shape(65536, 1024, 1024)), variants=None,
-         tilings=None) -> pd.DataFrame:
+         tilings=None, draws: int = DRAWS) -> pd.DataFrame:
     rows = []
     for shape in shapes:
         for variant, tiling, build in _variants(shape):
@@ -166,7 +204,7 @@ def main(out_csv: str, shapes=(Shape(65536, 256, 256), Shape(65536, 1024, 1024))
             failed, nondet, note, ms = 0, 0, "", float("nan")
             ref_fn = matmul_reference if variant == "matmul" else rmsnorm_matmul_reference
             try:
-                for seed in range(DRAWS):
+                for seed in range(draws):
                     args = (*random_gemm_operands(shape, torch.bfloat16, "cuda", seed), 1e-5)
                     run = build(args)
                     ref = ref_fn(*(args[:2] if variant == "matmul" else args))
@@ -183,7 +221,7 @@ def main(out_csv: str, shapes=(Shape(65536, 256, 256), Shape(65536, 1024, 1024))
                 failed, note = -1, f"{type(err).__name__}: {err}"[:100]
             rows.append({"M": shape.M, "K": shape.K, "N": shape.N, "variant": variant,
                          "tiling": tiling, "failed_draws": failed, "nondeterministic_draws": nondet,
-                         "draws": DRAWS, "repeats": REPEATS, "ms": round(ms, 5),
+                         "draws": draws, "repeats": REPEATS, "ms": round(ms, 5),
                          "wall_s": round(time.time() - t0, 1), "note": note})
             print(rows[-1], flush=True)
             pd.DataFrame(rows).to_csv(out_csv, index=False)
@@ -198,9 +236,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out_csv")
     ap.add_argument("--variants", nargs="+", default=None,
-                    choices=["in_loop", "row_block", "prepass", "scale_only", "matmul"])
+                    choices=["in_loop", "first_tile", "row_block", "prepass", "scale_only", "matmul"])
     ap.add_argument("--tilings", nargs="+", default=None, choices=list(TILINGS))
+    ap.add_argument("--shapes", nargs="+", default=["65536x256x256", "65536x1024x1024"], metavar="MxKxN")
+    ap.add_argument("--draws", type=int, default=DRAWS, help="fresh random inputs per (shape, variant, tiling)")
     cli = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
-    main(cli.out_csv, variants=cli.variants, tilings=cli.tilings)
+    main(cli.out_csv, shapes=[Shape(*map(int, s.split("x"))) for s in cli.shapes], variants=cli.variants,
+         tilings=cli.tilings, draws=cli.draws)
