@@ -19,10 +19,10 @@ are generous. The shipped row-block kernel (each program sums its rows' squares,
 N tiles from L2) is not bound by it, since one SM's statistics loop can overlap other SMs' MMA,
 but it measured about that cost (``bench/NOTES.md``, twenty-first session); nor is a kernel
 whose statistics programs run beside GEMM programs that wait on per-row-block flags, which has
-not been built. The in-loop form reads ``a`` once but adds work to every k-step of every N tile;
-``bench/variants/pre_norm_variants.py`` measured its extra time over the plain GEMM with the
-same tiling (``in_loop_extra_ms``, at the tiling where it ran fastest with bit-identical reruns)
-where it ran. Beside them: the measured savings of the own-statistics kernel (``own_stats_saved_pct``)
+not been built. The in-loop forms sum the squares inside a GEMM k-loop (every N tile's, or the
+first N tile's only); ``bench/variants/pre_norm_variants.py`` measured their extra time over the
+plain GEMM with the same tiling (``in_loop_extra_ms``, at the form and tiling where it ran fastest
+with bit-identical reruns at every shape it was run at) where they ran. Beside them: the measured savings of the own-statistics kernel (``own_stats_saved_pct``)
 and of the kernel given the producer's ``rstd`` (``given_rstd_saved_pct``,
 ``rmsnorm_matmul_given_rstd``: a GEMM or residual-add epilogue upstream emits the sums of
 squares), each from the newest benchmark of the row.
@@ -70,20 +70,31 @@ def newest(folder: Path, kernel: str) -> pd.DataFrame:
     return found.drop_duplicates(KEY, keep="last")
 
 
-def in_loop_extra(variants_csv: Path) -> pd.DataFrame:
-    """Per (M, K, N) of the pre-norm variants' results: the in-loop form's extra ms over the
-    plain GEMM at the same tiling, at the tiling where the in-loop kernel was fastest among those
-    whose draws all passed (reference check and bit-identical reruns)."""
-    if not variants_csv.is_file():
-        return pd.DataFrame(columns=[*KEY, "in_loop_extra_ms", "in_loop_tiling"])
-    v = pd.read_csv(variants_csv)
-    ok = v[(v.failed_draws == 0) & (v.nondeterministic_draws == 0)]
-    wide = ok.pivot_table(index=[*KEY, "tiling"], columns="variant", values="ms").reset_index()
-    if not {"in_loop", "matmul"} <= set(wide.columns):
-        return pd.DataFrame(columns=[*KEY, "in_loop_extra_ms", "in_loop_tiling"])
-    wide = wide.dropna(subset=["in_loop", "matmul"]).assign(in_loop_extra_ms=lambda d: d.in_loop - d.matmul)
-    best = wide.sort_values("in_loop", kind="stable").drop_duplicates(KEY)
-    return best[[*KEY, "in_loop_extra_ms"]].assign(in_loop_tiling=best["tiling"].values)
+IN_LOOP_VARIANTS = ("in_loop", "first_tile")  # pre_norm_variants.py's forms that sum squares in a GEMM k-loop
+
+
+def in_loop_extra(variants_dir: Path) -> pd.DataFrame:
+    """Per (M, K, N) of the pre-norm variants' results (every ``pre_norm_variants*.csv`` in
+    ``variants_dir``): the in-loop forms' (``IN_LOOP_VARIANTS``) extra ms over the plain GEMM at the
+    same tiling in the same run, at the (form, tiling) that ran fastest among those whose draws all
+    passed (reference check and bit-identical reruns) at every shape where that form and tiling were
+    run: the race is shape-dependent, so a tiling clean at one shape and racy at another is not
+    trusted at either."""
+    cols = [*KEY, "in_loop_extra_ms", "in_loop_variant", "in_loop_tiling"]
+    frames = [pd.read_csv(csv).assign(file=csv.name) for csv in sorted(variants_dir.glob("pre_norm_variants*.csv"))]
+    if not frames:
+        return pd.DataFrame(columns=cols)
+    v = pd.concat(frames, ignore_index=True)
+    v["clean"] = (v.failed_draws == 0) & (v.nondeterministic_draws == 0)
+    trusted = v.groupby(["variant", "tiling"]).clean.transform("all")
+    forms = v[v.variant.isin(IN_LOOP_VARIANTS) & trusted]
+    plain = v[(v.variant == "matmul") & v.clean][[*KEY, "tiling", "file", "ms"]].rename(columns={"ms": "matmul_ms"})
+    forms = forms.merge(plain, on=[*KEY, "tiling", "file"])  # the GEMM of the same tiling, same run
+    if forms.empty:
+        return pd.DataFrame(columns=cols)
+    best = forms.sort_values("ms", kind="stable").drop_duplicates(KEY)
+    return best.assign(in_loop_extra_ms=best.ms - best.matmul_ms, in_loop_variant=best.variant,
+                       in_loop_tiling=best.tiling)[cols]
 
 
 def report(folder: Path, where: str, hbm_tbps: float) -> pd.DataFrame:
@@ -97,7 +108,7 @@ def report(folder: Path, where: str, hbm_tbps: float) -> pd.DataFrame:
     saved = lambda gemm, extra: 100 * (out.cublas_ms + out.norm_ms - gemm - extra) / out.norm_ms  # noqa: E731
     out["bound_two_reads_pct"] = saved(out.helion_gemm_ms, out.stats_floor_ms)
     out["bound_two_reads_cublas_pct"] = saved(out.cublas_ms, out.stats_floor_ms)
-    loop = in_loop_extra(folder / "variants" / "pre_norm_variants.csv")
+    loop = in_loop_extra(folder / "variants")
     out = out.merge(loop, on=KEY, how="left")  # a left merge keeps the rows in `own`'s order
     out["in_loop_saved_pct"] = saved(out.helion_gemm_ms, out.in_loop_extra_ms)
     out["own_stats_saved_pct"] = own["saved_vs_cublas_inductor_pct"].values
@@ -105,7 +116,8 @@ def report(folder: Path, where: str, hbm_tbps: float) -> pd.DataFrame:
     given = newest(folder, "rmsnorm_matmul_given_rstd").reindex(columns=[*KEY, "saved_vs_cublas_inductor_pct", "file"])
     given = given.rename(columns={"saved_vs_cublas_inductor_pct": "given_rstd_saved_pct", "file": "given_rstd_file"})
     out = out.merge(given.astype({k: "int64" for k in KEY}), on=KEY, how="left")
-    out[["in_loop_tiling", "given_rstd_file"]] = out[["in_loop_tiling", "given_rstd_file"]].fillna("")
+    text = ["in_loop_variant", "in_loop_tiling", "given_rstd_file"]
+    out[text] = out[text].fillna("")
     out["aim_pct"] = AIM_PCT
     out["two_reads_can_meet_aim"] = out.bound_two_reads_cublas_pct >= AIM_PCT
     return out.sort_values(KEY, ignore_index=True)
@@ -180,9 +192,12 @@ def main(argv: list[str] | None = None) -> int:
         " the GEMM loop); bound_two_reads_cublas_pct: the same with a GEMM as fast as cuBLAS. The shipped row-block"
         " kernel, whose statistics loop on one SM can overlap MMA on others, is not bound by it but measured about"
         " that cost (bench/NOTES.md, twenty-first session)",
-        "- in_loop_extra_ms: the in-loop form (sum of squares from the GEMM's own `a` tiles) over the plain GEMM"
-        " at the same tiling, the tiling where it ran fastest with bit-identical reruns"
-        " (`variants/pre_norm_variants.md`; blank where not measured); in_loop_saved_pct: what that extra time leaves of the saving",
+        "- in_loop_extra_ms: the in-loop forms (the sum of squares in a GEMM k-loop: `in_loop`, every N tile from a"
+        " second load of the `a` tile; `first_tile`, the first N tile only, from a masked load of its own) over the"
+        " plain GEMM at the same tiling in the same run, at the form and tiling (`in_loop_variant`, `in_loop_tiling`)"
+        " that ran fastest among those whose draws passed the reference check and bit-identical reruns at every shape"
+        " where they were run (`variants/pre_norm_variants*.md`; blank where not measured); in_loop_saved_pct: what"
+        " that extra time leaves of the saving",
         "- own_stats_saved_pct, given_rstd_saved_pct: measured savings of `rmsnorm_matmul` (its own statistics)"
         " and of `rmsnorm_matmul_given_rstd` (the producer's rstd), newest benchmark of each",
         f"- rows: {len(df)}; rows where a pre-pass read of `a` could meet the {AIM_PCT:.0f}% aim even with a GEMM"

@@ -54,6 +54,16 @@ def test_bound_arithmetic_newest_run_and_deterministic_in_loop_only(tmp_path):
                              ("in_loop", "mid", 0, 2.4), ("matmul", "mid", 0, 2.1),
                              ("in_loop", "slow", 0, 2.6), ("matmul", "slow", 0, 2.5))
     ]).drop(columns="dtype").to_csv(folder / "variants" / "pre_norm_variants.csv", index=False)
+    # a second run of the first-tile form: "racy_elsewhere" passed at this shape but not at another
+    # (not trusted at either), so the trusted "mid" in_loop tiling stays the pick; "clean_slower" is
+    # trusted but slower than it
+    pd.DataFrame([
+        {**row, "K": k, "variant": v, "tiling": t, "failed_draws": 0, "nondeterministic_draws": nd, "ms": ms}
+        for k, v, t, nd, ms in ((1024, "first_tile", "racy_elsewhere", 0, 2.2), (1024, "matmul", "racy_elsewhere", 0, 2.1),
+                                (2048, "first_tile", "racy_elsewhere", 1, 4.0), (2048, "matmul", "racy_elsewhere", 0, 3.9),
+                                (1024, "first_tile", "clean_slower", 0, 2.45), (1024, "matmul", "clean_slower", 0, 1.0),
+                                (1024, "row_block", "mid", 0, 0.1))  # not an in-loop form
+    ]).drop(columns="dtype").to_csv(folder / "variants" / "pre_norm_variants_first_tile.csv", index=False)
 
     df = _run("--gpu", GPU, "--results", tmp_path / "results", "--hbm-tbps", "4", "--out", tmp_path / "out")
     assert len(df) == 1
@@ -63,7 +73,7 @@ def test_bound_arithmetic_newest_run_and_deterministic_in_loop_only(tmp_path):
     assert r.stats_floor_over_norm == pytest.approx(stats / 0.5, rel=1e-4)
     assert r.bound_two_reads_pct == pytest.approx(100 * (2.0 + 0.5 - 2.1 - stats) / 0.5, rel=1e-4)
     assert r.bound_two_reads_cublas_pct == pytest.approx(100 * (0.5 - stats) / 0.5, rel=1e-4)
-    assert r.in_loop_tiling == "mid" and r.in_loop_extra_ms == pytest.approx(0.3)
+    assert (r.in_loop_variant, r.in_loop_tiling) == ("in_loop", "mid") and r.in_loop_extra_ms == pytest.approx(0.3)
     assert r.in_loop_saved_pct == pytest.approx(100 * (2.0 + 0.5 - 2.1 - 0.3) / 0.5, rel=1e-4)
     assert r.own_stats_saved_pct == 30.0 and r.own_stats_file == "rmsnorm_matmul_prenorm_rmsnorm_new.csv"
     assert r.given_rstd_saved_pct == 70.0
