@@ -28,7 +28,6 @@ Writes ``bench/results/<gpu>/gemm_ceiling.{csv,md,png}``.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -64,23 +63,17 @@ def measurements(folder: Path) -> pd.DataFrame:
     for csv in sorted(folder.glob("*.csv")):
         if csv.stem == "gemm_ceiling":
             continue
-        try:  # a stray or half-written file is named and left out; the report goes on
-            columns = pd.read_csv(csv, nrows=0).columns
-            if not {"dtype", *KEY} <= set(columns):
-                continue
-            meta = registry.result_meta(csv)
-            # the bench writes the kernel's own timing column first, before the baselines
-            kernel = meta.get("kernel") or next(c[:-3] for c in columns if c.endswith("_ms"))
-            # the Helion GEMM's column: its twin beside a fused kernel, or the plain GEMM's own benchmark
-            gemm_ms = "matmul_ms" if kernel == "matmul" else "helion_matmul_ms"
-            if "helion_gemm_vs_cublas" not in columns and not {gemm_ms, "cublas_mm_ms"} <= set(columns):
-                continue
-            df = pd.read_csv(csv)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, json.JSONDecodeError, UnicodeDecodeError) as err:
-            print(f"gemm_ceiling: left out {csv.name} ({type(err).__name__}: {err})", file=sys.stderr)
+        df = registry.result_rows([csv], skip_unreadable=True)  # a stray or half-written file is named, left out
+        if df.empty or not {"dtype", *KEY} <= set(df.columns):
             continue
-        df = df[df["dtype"] == "bfloat16"].assign(kernel=kernel, file=csv.name, balanced="column_order" in meta,
-                                                  measured_at=registry.timestamp(meta.get("date")))
+        # the bench writes the kernel's own timing column first, before the baselines
+        kernel = df["kernel"].iloc[0] or next(c[:-3] for c in df.columns if c.endswith("_ms"))
+        # the Helion GEMM's column: its twin beside a fused kernel, or the plain GEMM's own benchmark
+        gemm_ms = "matmul_ms" if kernel == "matmul" else "helion_matmul_ms"
+        if "helion_gemm_vs_cublas" not in df and not {gemm_ms, "cublas_mm_ms"} <= set(df.columns):
+            continue
+        df = df[df["dtype"] == "bfloat16"].assign(kernel=kernel,
+                                                  balanced="column_order" in registry.result_meta(csv))
         if "repeats" not in df:
             df["repeats"] = 1
         if "helion_gemm_vs_cublas" not in df:  # from before the bench wrote the ratio: the medians' ratio
@@ -102,11 +95,11 @@ def report(gpu: str, results: Path, configs: Path) -> pd.DataFrame:
                       .assign(table=t) for t in TABLES], ignore_index=True)
     shapes = rows.groupby(KEY, sort=False)["table"].agg(lambda t: ", ".join(dict.fromkeys(t))).reset_index()
 
-    found = measurements(results / gpu).sort_values("measured_at", kind="stable", na_position="first")
+    found = measurements(results / gpu)
     timed = found.dropna(subset=["helion_gemm_vs_cublas"])
-    gemm = timed.drop_duplicates(KEY, keep="last")[
+    gemm = registry.newest_rows(timed, KEY)[
         [*KEY, "helion_gemm_vs_cublas", "helion_gemm_vs_cublas_spread", "repeats", "file", "measured_at"]]
-    fused = (found.dropna(subset=["fused_vs_helion_gemm"]).drop_duplicates([*KEY, "kernel"], keep="last")
+    fused = (registry.newest_rows(found.dropna(subset=["fused_vs_helion_gemm"]), [*KEY, "kernel"])
              .pivot(index=KEY, columns="kernel", values="fused_vs_helion_gemm")
              .add_suffix("_vs_helion_gemm").reset_index())
     entries = registry.load_entries(configs / gpu / "matmul.json")

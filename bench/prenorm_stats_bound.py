@@ -56,18 +56,10 @@ BYTES = 2  # bf16
 def newest(folder: Path, kernel: str) -> pd.DataFrame:
     """Per (M, K, N), the bf16 row of the newest dated benchmark of ``kernel`` in ``folder``
     (``<kernel>_prenorm_rmsnorm*.csv``), with its file name."""
-    frames = []
-    for csv in sorted(folder.glob(f"{kernel}_prenorm_rmsnorm*.csv")):
-        meta = registry.result_meta(csv)
-        if meta.get("kernel", kernel) != kernel or registry.timestamp(meta.get("date")) is None:
-            continue  # another kernel whose name starts with this one's, or an undated file
-        df = pd.read_csv(csv)
-        frames.append(df[df["dtype"] == "bfloat16"].assign(file=csv.name,
-                                                           measured_at=registry.timestamp(meta["date"])))
-    if not frames:
-        return pd.DataFrame(columns=[*KEY, "file", "measured_at"])
-    found = pd.concat(frames, ignore_index=True).sort_values("measured_at", kind="stable")
-    return found.drop_duplicates(KEY, keep="last")
+    rows = registry.result_rows(sorted(folder.glob(f"{kernel}_prenorm_rmsnorm*.csv")))
+    # another kernel whose name starts with this one's, or an undated file, is left out
+    rows = rows[rows.kernel.fillna(kernel).eq(kernel) & rows.measured_at.notna()]
+    return registry.newest_rows(rows[rows["dtype"] == "bfloat16"] if len(rows) else rows, KEY)
 
 
 IN_LOOP_VARIANTS = ("in_loop", "first_tile")  # pre_norm_variants.py's forms that sum squares in a GEMM k-loop

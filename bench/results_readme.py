@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
+
+from helion_kernels import registry
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -136,17 +137,11 @@ def _range(values: pd.Series) -> str:
 def _rows(gpu: str, stems: tuple[str, ...]) -> pd.DataFrame:
     """The result files' rows; where several files timed one kernel at one shape (a re-run of
     some rows after a re-tune), only the newest file's row (the ``.json`` dates)."""
-    frames = []
-    for stem in stems:
-        meta = RESULTS / gpu / f"{stem}.json"
-        info = json.loads(meta.read_text()) if meta.is_file() else {}
-        frames.append(pd.read_csv(RESULTS / gpu / f"{stem}.csv").assign(
-            _kernel=info.get("kernel", stem), _date=pd.to_datetime(info.get("date"), utc=True)))
-    df = pd.concat(frames, ignore_index=True)
+    df = registry.result_rows(RESULTS / gpu / f"{stem}.csv" for stem in stems)
+    df["kernel"] = df["kernel"].fillna(df["file"].str.removesuffix(".csv"))  # no .json: the file's stem
     if {"M", "K", "N"} <= set(df.columns):  # GEMM rows: one per kernel, layer, shape and dtype
-        key = ["_kernel", *(c for c in ("layer", "M", "K", "N", "dtype") if c in df.columns)]
-        df = df.sort_values("_date", kind="stable", na_position="first").drop_duplicates(key, keep="last")
-    return df.drop(columns=["_kernel", "_date"])
+        df = registry.newest_rows(df, ["kernel", *(c for c in ("layer", "M", "K", "N", "dtype") if c in df.columns)])
+    return df.drop(columns=["kernel", "file", "measured_at"])
 
 
 def headline(h: Headline, gpu: str) -> str:

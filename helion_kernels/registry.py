@@ -112,6 +112,38 @@ def result_meta(csv) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
+def result_rows(csvs, skip_unreadable: bool = False):
+    """The rows of benchmark result tables (``pandas.DataFrame``), in the order of ``csvs``, each
+    with three columns added from its table's :func:`result_meta`: ``kernel`` (None where the
+    ``.json`` names none), ``file`` (the table's file name) and ``measured_at`` (its ``date`` as a
+    UTC timestamp, NaT where undated). With ``skip_unreadable``, a table pandas cannot parse is
+    named on stderr and left out (a report goes on); otherwise the error propagates."""
+    import sys
+
+    import pandas as pd  # only the reports read result tables: keep it off the op's import path
+
+    frames = []
+    for csv in map(Path, csvs):
+        try:
+            df = pd.read_csv(csv)
+            meta = result_meta(csv)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, json.JSONDecodeError, UnicodeDecodeError) as err:
+            if not skip_unreadable:
+                raise
+            print(f"left out {csv.name} ({type(err).__name__}: {err})", file=sys.stderr)
+            continue
+        frames.append(df.assign(kernel=meta.get("kernel"), file=csv.name, measured_at=timestamp(meta.get("date"))))
+    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["kernel", "file", "measured_at"])
+    out["measured_at"] = pd.to_datetime(out["measured_at"], utc=True)
+    return out
+
+
+def newest_rows(rows, key: list[str]):
+    """Per ``key`` of result rows (:func:`result_rows`), the row of the newest table: the latest
+    ``measured_at``, undated rows counting as oldest, and among equal dates the later row."""
+    return rows.sort_values("measured_at", kind="stable", na_position="first").drop_duplicates(key, keep="last")
+
+
 def dispatch_text(dispatch: dict) -> str:
     """A registry entry's dispatch record in a word or three: ``fused``, ``unfused``, or
     ``unfused (Liger norm)`` where the unfused path is cuBLAS + Liger's norm (run where

@@ -7,6 +7,7 @@ import json
 import re
 
 import helion
+import pandas as pd
 import pytest
 import torch
 
@@ -378,3 +379,37 @@ def test_result_meta_reads_the_json_beside_a_result_table(tmp_path):
     assert meta["kernel"] == "matmul" and registry.timestamp(meta["date"]) is not None
     csv.with_suffix(".json").write_text("[1, 2]")
     assert registry.result_meta(csv) == {}
+
+
+def test_result_rows_and_newest_rows(tmp_path, capsys):
+    """The reports' one reader of benchmark tables: each row tagged with its table's kernel, file
+    and date; per key the newest table's row, an undated table counting as oldest and the later
+    table winning a tie; an unreadable table raises, or is named and left out when asked."""
+    def table(name, rows, meta=None):
+        csv = tmp_path / f"{name}.csv"
+        pd.DataFrame(rows).to_csv(csv, index=False)
+        if meta is not None:
+            csv.with_suffix(".json").write_text(json.dumps(meta))
+        return csv
+
+    row = {"M": 64, "K": 32, "N": 16}
+    undated = table("undated", [{**row, "ms": 1.0}])
+    old = table("old", [{**row, "ms": 2.0}, {**row, "N": 8, "ms": 2.5}], {"kernel": "matmul", "date": "2026-01-01T00:00:00Z"})
+    new = table("new", [{**row, "ms": 3.0}], {"kernel": "matmul", "date": "2026-02-01T00:00:00+00:00"})
+    tie = table("tie", [{**row, "ms": 4.0}], {"kernel": "matmul", "date": "2026-02-01T00:00:00Z"})
+    rows = registry.result_rows([undated, new, old])
+    assert list(rows.file) == ["undated.csv", "new.csv", "old.csv", "old.csv"]
+    assert rows.kernel.isna().tolist() == [True, False, False, False] and rows.measured_at.isna().tolist()[0]
+    assert str(rows.measured_at.dtype).endswith("UTC]")
+    newest = registry.newest_rows(rows, ["M", "K", "N"]).set_index("N").ms.to_dict()
+    assert newest == {16: 3.0, 8: 2.5}  # the dated newest beats the undated one listed first
+    assert registry.newest_rows(registry.result_rows([new, tie]), ["M", "K", "N"]).ms.tolist() == [4.0]
+    assert registry.newest_rows(registry.result_rows([undated]), ["M"]).ms.tolist() == [1.0]
+
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    with pytest.raises(pd.errors.EmptyDataError):
+        registry.result_rows([empty, new])
+    kept = registry.result_rows([empty, new], skip_unreadable=True)
+    assert kept.file.tolist() == ["new.csv"] and "left out empty.csv" in capsys.readouterr().err
+    assert registry.result_rows([]).empty
