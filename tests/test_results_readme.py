@@ -39,3 +39,11 @@ def test_a_headline_counts_a_re_run_row_once_with_its_newer_time(tmp_path, monke
         tmp_path / "g" / "layers.csv", index=False)
     pd.DataFrame({"H": [2, 4, 8], "dtype": "bfloat16", "x": [1, 2, 3]}).to_csv(tmp_path / "g" / "attn.csv", index=False)
     assert len(results_readme._rows("g", ("layers",))) == 2 and len(results_readme._rows("g", ("attn",))) == 3
+    # files whose .json names no kernel (the training steps) count as re-runs of the first file's:
+    # the newer file's row of a layer and shape replaces the older one's
+    for stem, date, x in (("steps", "2026-01-01T00:00:00Z", [1.0, 2.0]), ("steps_where", "2026-02-01T00:00:00Z", [3.0])):
+        pd.DataFrame({"layer": ["a", "b"][:len(x)], "M": 8, "K": 4, "N": 4, "x": x}).to_csv(
+            tmp_path / "g" / f"{stem}.csv", index=False)
+        (tmp_path / "g" / f"{stem}.json").write_text(json.dumps({"date": date}))
+    rows = results_readme._rows("g", ("steps", "steps_where"))
+    assert sorted(zip(rows.layer, rows.x)) == [("a", 3.0), ("b", 2.0)]
