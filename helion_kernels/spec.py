@@ -129,6 +129,12 @@ class KernelSpec:
             saved" metric is a percentage of; None: no such metric.
         gemm_twin: name of the plain Helion GEMM spec (the blog's metric compares the fused
             kernel against it); None for kernels without one.
+        same_loops_as: names of other specs whose kernels have this one's loop nest and block
+            sizes (one's config runs the other): autotuning at a shape also seeds the search
+            with their registry entries at exactly that shape (the plain GEMM and the GEMM
+            scaled by a given rstd: a 30 s search of one found 3-6% faster configs than the
+            other's entry at two M = 131072 rows on the H200, bench/NOTES.md, twenty-second
+            session). Declared on both sides.
         checked_baselines: keys in ``baselines`` whose outputs the benchmark also checks
             against the reference (a wrong baseline would make the comparison meaningless).
         plot_relative_to: key in ``baselines`` the benchmark plot divides latencies by.
@@ -186,6 +192,7 @@ class KernelSpec:
     technique: str
     norm_baseline: str | None = None
     gemm_twin: str | None = None
+    same_loops_as: tuple[str, ...] = ()
     checked_baselines: tuple[str, ...] = ()
     plot_relative_to: str = "cublas_mm"
     aim: float | None = None

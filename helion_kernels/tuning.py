@@ -190,7 +190,10 @@ def tune_problem(
     # kernel would change what the runtime's cached launches of this shape run).
     plain = helion.kernel(spec.kernel.fn, static_shapes=spec.kernel.settings.static_shapes)
     config_spec = plain.bind(args).config_spec
-    seeded = registry_seeds(config_spec, entries, key, name, spec.seed_configs)
+    # the same loops' entries at this very shape, tuned for another kernel
+    borrowed = [(e.config, f"entry {e.shape} of {twin}") for twin in spec.same_loops_as
+                if (e := registry.entries_for(twin, gpu).get((*key, name))) is not None]
+    seeded = registry_seeds(config_spec, entries, key, name, spec.seed_configs, borrowed)
     seeds, sources = [c for c, _ in seeded], [source for _, source in seeded]
     kernel = tuning_kernel(spec, seeds, dtype, options, progress_bar, n_args=len(args))
     bound = kernel.bind(args)
@@ -267,10 +270,12 @@ def tune_problem(
 NEIGHBOUR_SEEDS = 4
 
 
-def registry_seeds(config_spec, entries: dict, key, dtype: str, hand_picked=(),
+def registry_seeds(config_spec, entries: dict, key, dtype: str, hand_picked=(), borrowed=(),
                    neighbours: int = NEIGHBOUR_SEEDS) -> list[tuple[helion.Config, str]]:
     """The configs that seed a search at registry ``key``, each with where it came from:
-    the nearest entry's, then up to ``neighbours`` configs of other entries within distance 1
+    the nearest entry's, then the ``borrowed`` ones (``(config, source)`` pairs: another
+    kernel's entries with the same loops, ``KernelSpec.same_loops_as``), then up to
+    ``neighbours`` configs of other entries within distance 1
     (:func:`~.registry.neighbour_entries`, nearest first) that are not already seeds, then
     ``hand_picked``. Each is fitted to ``config_spec`` (:func:`fit_seed`); two configs that
     Helion normalises to the same one count once (the first kept).
@@ -288,7 +293,7 @@ def registry_seeds(config_spec, entries: dict, key, dtype: str, hand_picked=(),
         return seed(e.config, f"entry {e.shape}" + ("" if e.dtype == dtype else f" {e.dtype}"))
 
     near = registry.nearest_entry(entries, key, dtype)
-    first = [] if near is None else [entry_seed(near)]
+    first = ([] if near is None else [entry_seed(near)]) + [seed(c, source) for c, source in borrowed]
     hand = [seed(c, f"hand-picked {i}") for i, c in enumerate(hand_picked)]
     taken = [normal for *_, normal in first + hand]
     others = []

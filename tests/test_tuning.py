@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import helion
 import pytest
 import torch
 
-from helion_kernels import tuning
+from helion_kernels import registry, tuning
 from helion_kernels.verify import verify_config
 from helion_kernels.kernels import CATALOG, get_spec
 from helion_kernels.spec import Shape
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def test_options_are_validated():
@@ -418,6 +422,50 @@ def test_registry_seeds_nearest_then_distinct_neighbours_then_hand_picked():
     assert len({source for _, source in new_key}) == len(new_key)
     assert [dict(c.config) for c, _ in tuning.registry_seeds(config_spec, {}, Shape(8, 8, 8), "bfloat16", hand)] == [
         dict(h.config) for h in hand]
+
+
+def test_registry_seeds_borrowed_after_the_nearest_and_never_twice():
+    """Another kernel's entry with the same loops (``same_loops_as``) seeds the search right
+    after the nearest entry, under its own source; a borrowed config equal to a seed already
+    taken counts once."""
+    from helion_kernels.registry import Entry
+
+    config_spec = _matmul_config_spec()
+    cfg = lambda **kw: helion.Config(**{"block_sizes": [64, 64, 32], "num_warps": 4, "num_stages": 3, **kw})
+    entries = {(1024, 512, 512, "bfloat16"): Entry(Shape(1024, 512, 512), "bfloat16", dict(cfg().config), {})}
+    borrowed = [(dict(cfg(num_stages=4).config), "entry 1024x512x512 of twin"), (cfg(), "entry 1024x512x512 of other")]
+    got = tuning.registry_seeds(config_spec, entries, Shape(1024, 512, 512), "bfloat16", (cfg(num_warps=8),), borrowed)
+    assert [source for _, source in got] == ["entry 1024x512x512", "entry 1024x512x512 of twin", "hand-picked 0"]
+    assert got[1][0].config["num_stages"] == 4
+
+
+def test_same_loops_as_is_declared_on_both_sides_and_the_configs_fit():
+    """Each kernel named in a spec's ``same_loops_as`` names it back, and a config of either,
+    fitted as a seed, is one Helion's search takes for the other (its encoding asserts on a
+    list of the wrong length)."""
+    from helion.autotuner.config_generation import ConfigGeneration  # Helion 1.5 internals
+    from helion.runtime.settings import RefMode
+
+    pairs = 0
+    for name in CATALOG:
+        spec = get_spec(name)
+        for twin_name in spec.same_loops_as:
+            twin = get_spec(twin_name)
+            assert name in twin.same_loops_as, (name, twin_name)
+            shape = Shape(256, 256, 256)
+            config_spec = helion.kernel(spec.kernel.fn, static_shapes=True, ref_mode=RefMode.OFF).bind(
+                spec.make_args(shape, torch.bfloat16, "cpu", None)).config_spec
+            # the twin's hand-picked configs, and its committed H200 entries (full per-access lists)
+            committed = registry.load_entries(REPO / "configs" / "nvidia_h200_sm90" / f"{twin_name}.json")
+            configs = [twin.default_config, *twin.seed_configs,
+                       *(helion.Config(**e.config) for e in list(committed.values())[:8])]
+            assert len(configs) > len(twin.seed_configs) + 1, twin_name
+            seeds = [tuning.fit_seed(config_spec, c) for c in configs]
+            dropped: list[str] = []
+            ConfigGeneration(config_spec).user_seed_flat_config_pairs(seeds, dropped.append)
+            assert not dropped, (name, twin_name, dropped)
+            pairs += 1
+    assert pairs >= 2  # matmul and rmsnorm_matmul_given_rstd, both ways
 
 
 def test_registry_seeds_fit_an_entry_made_for_another_kernel():

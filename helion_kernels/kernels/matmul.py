@@ -95,6 +95,7 @@ SPEC = KernelSpec(
     min_bytes=gemm_min_bytes,
     default_config=GEMM_DEFAULT_CONFIG,
     seed_configs=GEMM_SEED_CONFIGS,
+    same_loops_as=("rmsnorm_matmul_given_rstd",),  # its GEMM loops, an epilogue scaling rows
     baselines=_baselines,
     unfused_baselines=("cublas_mm",),
     technique="plain GEMM (the baseline the fused kernels are measured against)",

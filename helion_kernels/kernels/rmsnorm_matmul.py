@@ -216,6 +216,7 @@ SPEC_GIVEN_RSTD = KernelSpec(
     min_bytes=gemm_min_bytes,
     default_config=GEMM_DEFAULT_CONFIG,
     seed_configs=GEMM_SEED_CONFIGS,  # the plain GEMM's: the same loops
+    same_loops_as=("matmul",),
     baselines=_baselines_given_rstd,
     norm_baseline="inductor_norm",
     # The blog's metric against the whole norm: the statistics' cost in the producer is not
