@@ -30,6 +30,7 @@ import functools
 import importlib.metadata
 import time
 import traceback
+import warnings
 
 import helion
 import torch
@@ -190,10 +191,7 @@ def tune_problem(
     # kernel would change what the runtime's cached launches of this shape run).
     plain = helion.kernel(spec.kernel.fn, static_shapes=spec.kernel.settings.static_shapes)
     config_spec = plain.bind(args).config_spec
-    # the same loops' entries at this very shape, tuned for another kernel
-    borrowed = [(e.config, f"entry {e.shape} of {twin}") for twin in spec.same_loops_as
-                if (e := registry.entries_for(twin, gpu).get((*key, name))) is not None]
-    seeded = registry_seeds(config_spec, entries, key, name, spec.seed_configs, borrowed)
+    seeded = registry_seeds(config_spec, entries, key, name, spec.seed_configs, borrowed_seeds(spec, gpu, key, name))
     seeds, sources = [c for c, _ in seeded], [source for _, source in seeded]
     kernel = tuning_kernel(spec, seeds, dtype, options, progress_bar, n_args=len(args))
     bound = kernel.bind(args)
@@ -263,6 +261,22 @@ def tune_problem(
         f"tuned in {tune_seconds:.0f} s",
         entry,
     )
+
+
+def borrowed_seeds(spec: KernelSpec, gpu: str, key, dtype: str) -> list[tuple[dict, str]]:
+    """The registry entries at exactly ``key`` and ``dtype`` of the kernels with ``spec``'s loops
+    (``spec.same_loops_as``), as ``(config, source)`` seeds. A twin's registry file that cannot
+    be read is skipped with a warning: it must not stop this kernel's tuning."""
+    out = []
+    for twin in spec.same_loops_as:
+        try:
+            entry = registry.entries_for(twin, gpu).get((*key, dtype))
+        except registry.RegistryError as err:
+            warnings.warn(f"{twin}'s entries not used as seeds: {err}", stacklevel=2)
+            continue
+        if entry is not None:
+            out.append((entry.config, f"entry {entry.shape} of {twin}"))
+    return out
 
 
 # How many configs of tuned neighbouring shapes, besides the nearest entry's, seed a search

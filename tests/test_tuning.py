@@ -439,6 +439,25 @@ def test_registry_seeds_borrowed_after_the_nearest_and_never_twice():
     assert got[1][0].config["num_stages"] == 4
 
 
+def test_borrowed_seeds_the_twins_exact_entry_and_survive_a_corrupt_twin_file(tmp_path, monkeypatch):
+    """The seeds borrowed for a kernel are its loop twins' entries at exactly the key and dtype;
+    a twin's registry file that cannot be read is skipped with a warning, not an error."""
+    from helion_kernels.registry import Entry
+
+    monkeypatch.setenv("HELION_KERNELS_CONFIG_DIR", str(tmp_path))
+    gpu, key = "some_gpu_sm90", Shape(1024, 512, 512)
+    config = {"block_sizes": [64, 64, 32], "num_warps": 4, "num_stages": 3}
+    for shape in (key, Shape(2048, 512, 512)):
+        registry.save_entry("rmsnorm_matmul_given_rstd", gpu, Entry(shape, "bfloat16", config, {}))
+    spec = get_spec("matmul")
+    assert tuning.borrowed_seeds(spec, gpu, key, "bfloat16") == [(config, "entry 1024x512x512 of rmsnorm_matmul_given_rstd")]
+    assert tuning.borrowed_seeds(spec, gpu, key, "float16") == []
+    assert tuning.borrowed_seeds(spec, gpu, Shape(1024, 512, 256), "bfloat16") == []  # exact shapes only
+    registry.registry_path("rmsnorm_matmul_given_rstd", gpu).write_text("{ half-written")
+    with pytest.warns(UserWarning, match="not used as seeds"):
+        assert tuning.borrowed_seeds(spec, gpu, key, "bfloat16") == []
+
+
 def test_same_loops_as_is_declared_on_both_sides_and_the_configs_fit():
     """Each kernel named in a spec's ``same_loops_as`` names it back, and a config of either,
     fitted as a seed, is one Helion's search takes for the other (its encoding asserts on a

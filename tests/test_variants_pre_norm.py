@@ -97,3 +97,12 @@ def test_every_tiling_is_a_config_of_both_kernels():
         dropped: list[str] = []
         taken = ConfigGeneration(config_spec).user_seed_flat_config_pairs(seeds, dropped.append)
         assert not dropped and len(taken) == len(seeds), (kernel.fn.__name__, dropped)
+
+
+def test_shapes_argument_is_checked():
+    import argparse
+
+    assert variants._shape("65536x1024x512") == Shape(65536, 1024, 512)
+    for bad in ("64x64", "axbxc", "0x8x8", "8x8x8x8"):
+        with pytest.raises(argparse.ArgumentTypeError, match="MxKxN"):
+            variants._shape(bad)

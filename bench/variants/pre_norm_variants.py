@@ -230,6 +230,16 @@ def main(out_csv: str, shapes=(Shape(65536, 256, 256), Shape(65536, 1024, 1024))
     return df
 
 
+def _shape(text: str) -> Shape:
+    """``MxKxN`` (positive integers) as a Shape, for argparse."""
+    import argparse
+
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not MxKxN with three positive integers, e.g. 65536x1024x1024")
+    return Shape(*map(int, parts))
+
+
 if __name__ == "__main__":
     import argparse
 
@@ -238,10 +248,11 @@ if __name__ == "__main__":
     ap.add_argument("--variants", nargs="+", default=None,
                     choices=["in_loop", "first_tile", "row_block", "prepass", "scale_only", "matmul"])
     ap.add_argument("--tilings", nargs="+", default=None, choices=list(TILINGS))
-    ap.add_argument("--shapes", nargs="+", default=["65536x256x256", "65536x1024x1024"], metavar="MxKxN")
+    ap.add_argument("--shapes", nargs="+", type=_shape, default=[Shape(65536, 256, 256), Shape(65536, 1024, 1024)],
+                    metavar="MxKxN")
     ap.add_argument("--draws", type=int, default=DRAWS, help="fresh random inputs per (shape, variant, tiling)")
     cli = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
-    main(cli.out_csv, shapes=[Shape(*map(int, s.split("x"))) for s in cli.shapes], variants=cli.variants,
+    main(cli.out_csv, shapes=cli.shapes, variants=cli.variants,
          tilings=cli.tilings, draws=cli.draws)
