@@ -54,6 +54,10 @@ COLUMNS = [*KEY, "kernel", "helion_gemm_vs_cublas", "helion_gemm_vs_cublas_sprea
            "repeats", "balanced", "file", "measured_at"]
 
 
+# the reports written beside the benchmarks' tables (not benchmarks themselves)
+REPORTS = ("gemm_ceiling", "tuning_report", "prenorm_stats_bound")
+
+
 def measurements(folder: Path) -> pd.DataFrame:
     """Every bf16 benchmark row of ``folder`` that timed the plain Helion GEMM beside cuBLAS:
     the benchmarked kernel (the result's ``.json`` names it), the ratios, whether the columns
@@ -61,7 +65,7 @@ def measurements(folder: Path) -> pd.DataFrame:
     where the file has no ``.json``)."""
     frames = []
     for csv in sorted(folder.glob("*.csv")):
-        if csv.stem == "gemm_ceiling":
+        if csv.stem in REPORTS:
             continue
         df = registry.result_rows([csv], skip_unreadable=True)  # a stray or half-written file is named, left out
         if df.empty or not {"dtype", *KEY} <= set(df.columns):

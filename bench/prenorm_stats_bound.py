@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.results / args.gpu
     try:
         df = report(folder, args.where, args.hbm_tbps)
+    except registry.ResultTableError as err:  # a ValueError too: not the --where's fault
+        p.error(f"a result table cannot be read: {err}")
     except (pd.errors.UndefinedVariableError, SyntaxError, ValueError) as err:
         p.error(f"--where {args.where!r}: {err}")
     if df.empty:

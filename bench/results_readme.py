@@ -143,7 +143,8 @@ def _rows(gpu: str, stems: tuple[str, ...]) -> pd.DataFrame:
     ``.json`` names no kernel (the training steps: their rows are told apart by ``layer``) counts
     as a re-run of the first file's."""
     df = registry.result_rows(RESULTS / gpu / f"{stem}.csv" for stem in stems)
-    df["kernel"] = df["kernel"].fillna(stems[0])
+    first = df.loc[df["file"] == f"{stems[0]}.csv", "kernel"].dropna()
+    df["kernel"] = df["kernel"].fillna(first.iloc[0] if len(first) else stems[0])
     if {"M", "K", "N"} <= set(df.columns):  # GEMM rows: one per kernel, layer, shape and dtype
         df = registry.newest_rows(df, ["kernel", *(c for c in ("layer", "M", "K", "N", "dtype") if c in df.columns)])
     return df.drop(columns=["kernel", "file", "measured_at"])

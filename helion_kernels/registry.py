@@ -112,28 +112,48 @@ def result_meta(csv) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
+class ResultTableError(ValueError):
+    """A benchmark result table (or the ``.json`` beside it) that cannot be read, or that
+    already has a column :func:`result_rows` adds; the message names the file."""
+
+
+RESULT_COLUMNS = ("kernel", "file", "measured_at")  # what result_rows adds to each row
+
+
 def result_rows(csvs, skip_unreadable: bool = False):
-    """The rows of benchmark result tables (``pandas.DataFrame``), in the order of ``csvs``, each
-    with three columns added from its table's :func:`result_meta`: ``kernel`` (None where the
-    ``.json`` names none), ``file`` (the table's file name) and ``measured_at`` (its ``date`` as a
-    UTC timestamp, NaT where undated). With ``skip_unreadable``, a table pandas cannot parse is
-    named on stderr and left out (a report goes on); otherwise the error propagates."""
+    """The rows of benchmark result tables (``pandas.DataFrame``), in the order of ``csvs`` (paths,
+    or one path), each with three columns added from its table's :func:`result_meta`:
+    ``kernel`` (None where the ``.json`` names none), ``file`` (the table's file name) and
+    ``measured_at`` (its ``date`` as a UTC timestamp, NaT where undated).
+
+    Raises:
+        ResultTableError: a table or its ``.json`` cannot be read (not there, not a file, not
+            CSV or JSON, not UTF-8), or the table has a column named like one of those three.
+            With ``skip_unreadable`` such a table is named on stderr and left out instead (a
+            report goes on).
+    """
     import sys
 
     import pandas as pd  # only the reports read result tables: keep it off the op's import path
 
     frames = []
-    for csv in map(Path, csvs):
+    for csv in [Path(csvs)] if isinstance(csvs, (str, Path)) else map(Path, csvs):
         try:
-            df = pd.read_csv(csv)
-            meta = result_meta(csv)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, json.JSONDecodeError, UnicodeDecodeError) as err:
+            try:
+                df = pd.read_csv(csv)
+                meta = result_meta(csv)
+            except (OSError, ValueError) as err:  # pandas' and json's parse errors are ValueErrors
+                raise ResultTableError(f"{csv}: {type(err).__name__}: {err}") from err
+            clash = [c for c in RESULT_COLUMNS if c in df.columns]
+            if clash:
+                raise ResultTableError(f"{csv}: already has column(s) {', '.join(clash)}: not a benchmark result table")
+        except ResultTableError as err:
             if not skip_unreadable:
                 raise
-            print(f"left out {csv.name} ({type(err).__name__}: {err})", file=sys.stderr)
+            print(f"left out {csv.name} ({err})", file=sys.stderr)
             continue
         frames.append(df.assign(kernel=meta.get("kernel"), file=csv.name, measured_at=timestamp(meta.get("date"))))
-    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["kernel", "file", "measured_at"])
+    out = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(RESULT_COLUMNS))
     out["measured_at"] = pd.to_datetime(out["measured_at"], utc=True)
     return out
 

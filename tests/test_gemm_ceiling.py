@@ -152,9 +152,12 @@ def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_f
     (results / GPU / "stray.csv").write_text("")
     _bench_file(results / GPU, "broken", None, [{**row, "M": 131072, "helion_gemm_vs_cublas": 1.0}])
     (results / GPU / "broken.json").write_text("{not json")
+    (results / GPU / "folder.csv").mkdir()  # not a file: named and left out too
     done = run_bench_script("gemm_ceiling", "--gpu", GPU, "--results", results, "--configs", configs,
                             "--out", tmp_path / "b")
     assert done.returncode == 0 and "left out stray.csv" in done.stderr and "left out broken.csv" in done.stderr
+    assert "left out folder.csv" in done.stderr
+    (results / GPU / "folder.csv").rmdir()
     again = pd.read_csv(tmp_path / "b" / "gemm_ceiling.csv", keep_default_na=False, na_values=[""])
     assert again.equals(pd.read_csv(tmp_path / "a" / "gemm_ceiling.csv", keep_default_na=False, na_values=[""]))
     assert f"--results {results} --configs {configs}" in (tmp_path / "b" / "gemm_ceiling.md").read_text()

@@ -103,3 +103,9 @@ def test_clear_errors(tmp_path):
     (tmp_path / "file").write_text("")
     done = run_bench_script("prenorm_stats_bound", "--out", tmp_path / "file")
     assert done.returncode == 2 and "is a file, not a folder" in done.stderr
+    # an unreadable benchmark table is named, not blamed on --where
+    (tmp_path / GPU).mkdir()
+    (tmp_path / GPU / "rmsnorm_matmul_prenorm_rmsnorm_zz.csv").write_text("")
+    done = run_bench_script("prenorm_stats_bound", "--results", tmp_path, "--out", tmp_path / "out")
+    assert done.returncode == 2 and "rmsnorm_matmul_prenorm_rmsnorm_zz.csv" in done.stderr
+    assert "--where 'K" not in done.stderr and "Traceback" not in done.stderr

@@ -406,10 +406,18 @@ def test_result_rows_and_newest_rows(tmp_path, capsys):
     assert registry.newest_rows(registry.result_rows([new, tie]), ["M", "K", "N"]).ms.tolist() == [4.0]
     assert registry.newest_rows(registry.result_rows([undated]), ["M"]).ms.tolist() == [1.0]
 
+    # unreadable: empty, a folder, malformed JSON beside it, a column the reader would add
     empty = tmp_path / "empty.csv"
     empty.write_text("")
-    with pytest.raises(pd.errors.EmptyDataError):
-        registry.result_rows([empty, new])
-    kept = registry.result_rows([empty, new], skip_unreadable=True)
-    assert kept.file.tolist() == ["new.csv"] and "left out empty.csv" in capsys.readouterr().err
+    folder = tmp_path / "folder.csv"
+    folder.mkdir()
+    bad_json = table("bad_json", [{**row, "ms": 5.0}])
+    bad_json.with_suffix(".json").write_text("{bad")
+    clash = table("clash", [{**row, "kernel": "mine", "ms": 6.0}])
+    for path in (empty, folder, bad_json, clash):
+        with pytest.raises(registry.ResultTableError, match=path.name):
+            registry.result_rows([path, new])
+        kept = registry.result_rows([path, new], skip_unreadable=True)
+        assert kept.file.tolist() == ["new.csv"] and f"left out {path.name}" in capsys.readouterr().err
     assert registry.result_rows([]).empty
+    assert registry.result_rows(str(new)).file.tolist() == registry.result_rows(new).file.tolist() == ["new.csv"]

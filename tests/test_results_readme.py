@@ -47,3 +47,7 @@ def test_a_headline_counts_a_re_run_row_once_with_its_newer_time(tmp_path, monke
         (tmp_path / "g" / f"{stem}.json").write_text(json.dumps({"date": date}))
     rows = results_readme._rows("g", ("steps", "steps_where"))
     assert sorted(zip(rows.layer, rows.x)) == [("a", 3.0), ("b", 2.0)]
+    # a re-run without a kernel counts as the first file's kernel where that one names one
+    (tmp_path / "g" / "steps.json").write_text(json.dumps({"kernel": "k", "date": "2026-01-01T00:00:00Z"}))
+    rows = results_readme._rows("g", ("steps", "steps_where"))
+    assert sorted(zip(rows.layer, rows.x)) == [("a", 3.0), ("b", 2.0)]

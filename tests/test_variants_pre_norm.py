@@ -106,3 +106,5 @@ def test_shapes_argument_is_checked():
     for bad in ("64x64", "axbxc", "0x8x8", "8x8x8x8"):
         with pytest.raises(argparse.ArgumentTypeError, match="MxKxN"):
             variants._shape(bad)
+    with pytest.raises(ValueError, match="draws"):
+        variants.main("unused.csv", shapes=[Shape(64, 64, 64)], draws=0)

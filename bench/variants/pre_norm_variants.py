@@ -195,6 +195,8 @@ def _variants(shape: Shape):
 
 def main(out_csv: str, shapes=(Shape(65536, 256, 256), Shape(65536, 1024, 1024)), variants=None,
          tilings=None, draws: int = DRAWS) -> pd.DataFrame:
+    if draws < 1:
+        raise ValueError(f"draws must be at least 1, got {draws}")
     rows = []
     for shape in shapes:
         for variant, tiling, build in _variants(shape):
@@ -252,6 +254,8 @@ if __name__ == "__main__":
                     metavar="MxKxN")
     ap.add_argument("--draws", type=int, default=DRAWS, help="fresh random inputs per (shape, variant, tiling)")
     cli = ap.parse_args()
+    if cli.draws < 1:
+        ap.error("--draws must be at least 1")
     if not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU")
     main(cli.out_csv, shapes=cli.shapes, variants=cli.variants,
