@@ -73,10 +73,9 @@ def in_loop_extra(variants_dir: Path) -> pd.DataFrame:
     run: the race is shape-dependent, so a tiling clean at one shape and racy at another is not
     trusted at either."""
     cols = [*KEY, "in_loop_extra_ms", "in_loop_variant", "in_loop_tiling"]
-    frames = [pd.read_csv(csv).assign(file=csv.name) for csv in sorted(variants_dir.glob("pre_norm_variants*.csv"))]
-    if not frames:
+    v = registry.result_rows(sorted(variants_dir.glob("pre_norm_variants*.csv")))
+    if v.empty:
         return pd.DataFrame(columns=cols)
-    v = pd.concat(frames, ignore_index=True)
     v["clean"] = (v.failed_draws == 0) & (v.nondeterministic_draws == 0)
     trusted = v.groupby(["variant", "tiling"]).clean.transform("all")
     forms = v[v.variant.isin(IN_LOOP_VARIANTS) & trusted]
