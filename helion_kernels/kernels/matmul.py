@@ -47,9 +47,15 @@ SEED_POINTER_64x128 = helion.Config(
 SEED_TMA_PERSISTENT_128x256_FLATTENED = helion.Config(
     block_sizes=[128, 256, 64], num_warps=8, num_stages=3, indexing="tensor_descriptor",
     pid_type="persistent_interleaved", l2_groupings=[8], range_flattens=[True])
+# tile_n = 128 with four warps, five stages and the flattened persistent loop: at 262144x512x128
+# (N = 128, memory-bound) it ran 1.00x cuBLAS where the searches' pick (256x128x64, 16 warps,
+# pointer) ran 1.08-1.10x (bench/results/nvidia_h200_sm90/variants/gemm_tilings_262144x512x128.md).
+SEED_TMA_PERSISTENT_128x128_W4_S5_FLATTENED = helion.Config(
+    block_sizes=[128, 128, 64], num_warps=4, num_stages=5, indexing="tensor_descriptor",
+    pid_type="persistent_interleaved", l2_groupings=[8], range_flattens=[True])
 GEMM_SEED_CONFIGS: tuple[helion.Config, ...] = (
     SEED_TMA_PERSISTENT_128x256, SEED_POINTER_128x256, SEED_TMA_PERSISTENT_128x128, SEED_TMA_FLAT_128x256, SEED_POINTER_128x128,
-    SEED_POINTER_64x128, SEED_TMA_PERSISTENT_128x256_FLATTENED,
+    SEED_POINTER_64x128, SEED_TMA_PERSISTENT_128x256_FLATTENED, SEED_TMA_PERSISTENT_128x128_W4_S5_FLATTENED,
 )
 
 # A small, conservative tiling that compiles for any shape on any CUDA GPU.
