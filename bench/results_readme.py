@@ -118,8 +118,9 @@ HEADLINES = [
     Headline(
         "Training step, CUDA-graph replay (GPU time alone)",
         ("training_step_training_graph",
-         # its linear_rmsnorm M = 262144 rows again in the balanced column order (2026-12-04): the newer rows count
-         "training_step_training_graph_layer_linear_rmsnorm_and_M_262144"),
+         # rows of it again in the balanced column order (2026-12-04): the newer rows count
+         "training_step_training_graph_layer_linear_rmsnorm_and_M_262144",
+         "training_step_training_graph_M_65536_and_layer_rmsnorm_linear"),
         "{speedup}x the speed of torch.compile of the PyTorch pair, every column replayed as a CUDA graph; "
         "{share}% of the norm's cost removed; the module's peak memory under torch.compile {memory}x the "
         "compiled pair's, eager {eager_memory}x ({rows} rows)",
