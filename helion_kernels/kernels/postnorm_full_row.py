@@ -378,6 +378,10 @@ SEED_CONFIGS: tuple[helion.Config, ...] = (
     # The plain GEMM's fastest tiling on the H200 (persistent, tensor descriptors), for N <= 256.
     helion.Config(block_sizes=[_N_TILE, 128, 64], num_warps=8, num_stages=3, indexing="tensor_descriptor",
                   pid_type="persistent_interleaved"),
+    # The plain GEMM's fastest tiling at 262144x512x128 (memory-bound N = 128: four warps, five
+    # stages, the next tile's loads overlapping this tile's epilogue); too much shared memory for N > 128.
+    helion.Config(block_sizes=[_N_TILE, 128, 64], num_warps=4, num_stages=5, indexing="tensor_descriptor",
+                  pid_type="persistent_interleaved", range_flattens=[True]),
 )
 
 _TECHNIQUE = ("full-row post-norm (technique 1, PyTorch blog 'Towards Free Normalization', "
