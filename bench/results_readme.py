@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
+import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -34,7 +37,7 @@ HIDDEN = {"dtype", "helion_matmul_config", "byte_floor_ms", "flop_floor_ms", "ba
 class Headline:
     """One technique's line: ``text`` with ``{name}`` fields filled by ``ranges`` (name ->
     a column, or a pandas ``eval`` expression of columns, or (either, a row filter)), each
-    rendered as min-max over the rows of the csv ``stems``."""
+    rendered as min-max over the rows of the csv ``stems`` and of their re-runs (:func:`with_reruns`)."""
 
     technique: str
     stems: tuple[str, ...]
@@ -46,9 +49,7 @@ HEADLINES = [
     Headline(
         "Deferred pre-norm (`rmsnorm_matmul`)",
         ("rmsnorm_matmul_prenorm_rmsnorm_M_65536", "rmsnorm_matmul_prenorm_rmsnorm_M_131072",
-         "rmsnorm_matmul_prenorm_rmsnorm_M_524288",
-         # five of those rows again after their `matmul` re-tune (2026-12-02): the newer rows count
-         "rmsnorm_matmul_prenorm_rmsnorm_M_65536_and_K_256_and_N_256_or_M_65536_and_K_512_28fbf661"),
+         "rmsnorm_matmul_prenorm_rmsnorm_M_524288"),
         "as dispatched (fused or cuBLAS + inductor norm, per the registry), {dispatched}x the speed of the best "
         "unfused pipeline; the fused kernel: {speedup}x the speed of cuBLAS + the best standalone norm "
         "(inductor or Liger), {saved}% of the inductor norm's time saved against cuBLAS + inductor, "
@@ -117,10 +118,7 @@ HEADLINES = [
          "compiled_memory": "compiled_peak_mib"}),
     Headline(
         "Training step, CUDA-graph replay (GPU time alone)",
-        ("training_step_training_graph",
-         # rows of it again in the balanced column order (2026-12-04): the newer rows count
-         "training_step_training_graph_layer_linear_rmsnorm_and_M_262144",
-         "training_step_training_graph_M_65536_and_layer_rmsnorm_linear"),
+        ("training_step_training_graph",),
         "{speedup}x the speed of torch.compile of the PyTorch pair, every column replayed as a CUDA graph; "
         "{share}% of the norm's cost removed; the module's peak memory under torch.compile {memory}x the "
         "compiled pair's, eager {eager_memory}x ({rows} rows)",
@@ -138,6 +136,42 @@ def _range(values: pd.Series) -> str:
     return _fmt(lo) if _fmt(lo) == _fmt(hi) else f"{_fmt(lo)} to {_fmt(hi)}"
 
 
+def _command_key(json_path: Path) -> tuple[str, ...] | None:
+    """A result's command without its ``--where`` and ``--repeats`` (what a re-run of some of
+    its rows changes); None where the result records no command."""
+    try:
+        command = json.loads(json_path.read_text()).get("command")
+    except (OSError, ValueError):
+        return None
+    if not command:
+        return None
+    words, key = shlex.split(command), []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in ("--where", "--repeats"):
+            skip = True
+        elif not word.startswith(("--where=", "--repeats=")):
+            key.append(word)
+    return tuple(key)
+
+
+def with_reruns(gpu: str, stems: tuple[str, ...]) -> tuple[str, ...]:
+    """``stems`` and, after them, their re-runs: the files ``<stem>_<suffix>`` (the name a
+    ``--where`` adds) whose command is one of the stems' but for ``--where`` and ``--repeats``, so a
+    benchmark re-run on some rows (after a re-tune, or in another column order) counts in the
+    headline without being listed by hand; another timer or kernel is another command."""
+    folder = RESULTS / gpu
+    keys = {key for stem in stems if (key := _command_key(folder / f"{stem}.json")) is not None}
+    found: list[str] = []
+    for stem in stems:
+        for csv in sorted(folder.glob(f"{glob.escape(stem)}_*.csv")):
+            if csv.stem not in stems and csv.stem not in found and _command_key(csv.with_suffix(".json")) in keys:
+                found.append(csv.stem)
+    return (*stems, *found)
+
+
 def _rows(gpu: str, stems: tuple[str, ...]) -> pd.DataFrame:
     """The result files' rows; where several files timed one kernel at one shape (a re-run of
     some rows after a re-tune), only the newest file's row (the ``.json`` dates). A file whose
@@ -152,13 +186,14 @@ def _rows(gpu: str, stems: tuple[str, ...]) -> pd.DataFrame:
 
 
 def headline(h: Headline, gpu: str) -> str:
-    df = _rows(gpu, h.stems)
+    stems = with_reruns(gpu, h.stems)
+    df = _rows(gpu, stems)
     fields = {"rows": len(df)}
     for name, spec in h.ranges.items():
         column, query = spec if isinstance(spec, tuple) else (spec, None)
         rows = df.query(query) if query else df
         fields[name] = _range(rows[column] if column in rows.columns else rows.eval(column))
-    files = ", ".join(f"`{gpu}/{stem}.md`" for stem in h.stems)
+    files = ", ".join(f"`{gpu}/{stem}.md`" for stem in stems)
     return f"- **{h.technique}**: {h.text.format(**fields)}. Files: {files}."
 
 

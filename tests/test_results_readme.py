@@ -51,3 +51,36 @@ def test_a_headline_counts_a_re_run_row_once_with_its_newer_time(tmp_path, monke
     (tmp_path / "g" / "steps.json").write_text(json.dumps({"kernel": "k", "date": "2026-01-01T00:00:00Z"}))
     rows = results_readme._rows("g", ("steps", "steps_where"))
     assert sorted(zip(rows.layer, rows.x)) == [("a", 3.0), ("b", 2.0)]
+
+
+def test_a_headline_finds_its_re_runs_by_name_and_command(tmp_path, monkeypatch):
+    """A file ``<stem>_<suffix>`` is a re-run of ``stem`` when its command differs only in
+    ``--where`` and ``--repeats``; another timer, another kernel or no recorded command is not."""
+    import json
+
+    import results_readme
+
+    monkeypatch.setattr(results_readme, "RESULTS", tmp_path)
+    folder = tmp_path / "g"
+    folder.mkdir()
+    files = {
+        "steps": "python bench/training_step.py",
+        "steps_graph": "python bench/training_step.py --timer graph --repeats 3",
+        "steps_graph_M_8": "python bench/training_step.py --where 'M == 8' --timer graph --repeats=2",
+        "steps_M_8": "python bench/training_step.py --where=\"M == 8\"",
+        "k_w": "helion-kernels bench --kernel k --workload w --where 'M == 8' --repeats 3",
+        "k_w_M_8_and_K_4": "helion-kernels bench --kernel k --workload w --where 'M == 8 and K == 4' --repeats 2",
+        "k_w_other_kernel": "helion-kernels bench --kernel j --workload w --where 'M == 8'",
+        "k_w_no_command": None,
+        "k_x": "helion-kernels bench --kernel k --workload w --where 'M == 16'",  # not named <stem>_...
+    }
+    for stem, command in files.items():
+        (folder / f"{stem}.csv").write_text("M\n8\n")
+        (folder / f"{stem}.json").write_text(json.dumps({"command": command} if command else {}))
+    (folder / "k_w_broken.csv").write_text("M\n8\n")
+    (folder / "k_w_broken.json").write_text("{not json")
+    assert results_readme.with_reruns("g", ("steps",)) == ("steps", "steps_M_8")
+    assert results_readme.with_reruns("g", ("steps_graph",)) == ("steps_graph", "steps_graph_M_8")
+    assert results_readme.with_reruns("g", ("k_w",)) == ("k_w", "k_w_M_8_and_K_4")
+    # a re-run named under one stem but listed itself is not repeated
+    assert results_readme.with_reruns("g", ("k_w", "k_w_M_8_and_K_4")) == ("k_w", "k_w_M_8_and_K_4")
