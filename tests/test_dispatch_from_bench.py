@@ -288,3 +288,35 @@ def _newest_records_checked(kernel: str, files: list[Path], field: str) -> int:
         assert {k: record.get(k) for k in expected} == expected, (kernel, key, name)
         checked += 1
     return checked
+
+
+def _h200_entries(kernel: str) -> list[dict]:
+    return json.loads((REPO / "configs" / "nvidia_h200_sm90" / f"{kernel}.json").read_text())["entries"]
+
+
+def _count(kernel: str, record: str = "dispatch", choice: str = "fused", unfused: str | None = None) -> int:
+    """How many of the kernel's H200 entries record ``choice`` (and, if given, that unfused pipeline)."""
+    return sum(1 for e in _h200_entries(kernel)
+               if (e.get(record) or {}).get("choice") == choice
+               and (unfused is None or (e.get(record) or {}).get("unfused") == unfused))
+
+
+def test_the_readme_ops_table_counts_are_the_committed_registrys():
+    """The ops table's hand-written counts of dispatch decisions (outside the generated block)
+    follow the committed registry: a re-bench that flips a decision must update the README."""
+    readme = (REPO / "README.md").read_text()
+    claims = {
+        f"({_count('rmsnorm_matmul')} of the {len(_h200_entries('rmsnorm_matmul'))} tuned H200 rows)": "rmsnorm_matmul",
+        f"fused in training at {_count('matmul_layernorm', 'dispatch_training')} of "
+        f"{len(_h200_entries('matmul_layernorm'))} LayerNorm and {_count('matmul_rmsnorm', 'dispatch_training')} of "
+        f"{len(_h200_entries('matmul_rmsnorm'))} RMSNorm rows": "full-row training",
+        f"({'none' if not (n := _count('matmul_layernorm_split_n') + _count('matmul_rmsnorm_split_n')) else n} of "
+        f"{len(_h200_entries('matmul_layernorm_split_n')) + len(_h200_entries('matmul_rmsnorm_split_n'))} tuned rows)":
+            "split-N fused",
+        f"(on the H200, {_count('matmul_layernorm_split_n', choice='unfused', unfused='cublas+liger_norm') + _count('matmul_rmsnorm_split_n', choice='unfused', unfused='cublas+liger_norm')} of the 20 rows":
+            "split-N on Liger",
+        f"(on the H200, {_count('matmul_rmsnorm_matmul')} of {len(_h200_entries('matmul_rmsnorm_matmul'))} rows":
+            "matmul_rmsnorm_matmul",
+    }
+    missing = [f"{what}: {text!r}" for text, what in claims.items() if text not in readme]
+    assert not missing, "README.md's ops table disagrees with configs/nvidia_h200_sm90:\n" + "\n".join(missing)
