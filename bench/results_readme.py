@@ -136,25 +136,33 @@ def _range(values: pd.Series) -> str:
     return _fmt(lo) if _fmt(lo) == _fmt(hi) else f"{_fmt(lo)} to {_fmt(hi)}"
 
 
-def _command_key(json_path: Path) -> tuple[str, ...] | None:
+def _command_key(json_path: Path) -> tuple | None:
     """A result's command without its ``--where`` and ``--repeats`` (what a re-run of some of
-    its rows changes); None where the result records no command."""
+    its rows changes): the words before the first option, and the other options with their values
+    in sorted order; None where the result records no command. A ``--where`` value runs to the
+    next ``--`` option, so a command written unquoted (``" ".join(sys.argv)``) reads the same."""
     try:
-        command = json.loads(json_path.read_text()).get("command")
+        meta = json.loads(json_path.read_text())
     except (OSError, ValueError):
         return None
-    if not command:
+    command = meta.get("command") if isinstance(meta, dict) else None
+    if not isinstance(command, str) or not command.strip():
         return None
-    words, key = shlex.split(command), []
-    skip = False
+    try:
+        words = shlex.split(command)
+    except ValueError:  # e.g. a where clause written as a Python repr with escaped quotes
+        words = command.split()
+    head: list[str] = []
+    options: list[list[str]] = []
     for word in words:
-        if skip:
-            skip = False
-        elif word in ("--where", "--repeats"):
-            skip = True
-        elif not word.startswith(("--where=", "--repeats=")):
-            key.append(word)
-    return tuple(key)
+        if word.startswith("--"):
+            options.append(word.split("=", 1))
+        elif options:
+            options[-1].append(word)
+        else:
+            head.append(word)
+    kept = sorted(tuple(option) for option in options if option[0] not in ("--where", "--repeats"))
+    return (tuple(head), tuple(kept))
 
 
 def with_reruns(gpu: str, stems: tuple[str, ...]) -> tuple[str, ...]:

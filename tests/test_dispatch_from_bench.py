@@ -305,17 +305,20 @@ def test_the_readme_ops_table_counts_are_the_committed_registrys():
     """The ops table's hand-written counts of dispatch decisions (outside the generated block)
     follow the committed registry: a re-bench that flips a decision must update the README."""
     readme = (REPO / "README.md").read_text()
+    rows = {k: len(_h200_entries(k)) for k in ("rmsnorm_matmul", "matmul_layernorm", "matmul_rmsnorm",
+                                                  "matmul_layernorm_split_n", "matmul_rmsnorm_split_n",
+                                                  "matmul_rmsnorm_matmul")}
+    split_n = ("matmul_layernorm_split_n", "matmul_rmsnorm_split_n")
+    split_n_fused = sum(_count(k) for k in split_n)
+    split_n_liger = sum(_count(k, choice="unfused", unfused="cublas+liger_norm") for k in split_n)
     claims = {
-        f"({_count('rmsnorm_matmul')} of the {len(_h200_entries('rmsnorm_matmul'))} tuned H200 rows)": "rmsnorm_matmul",
-        f"fused in training at {_count('matmul_layernorm', 'dispatch_training')} of "
-        f"{len(_h200_entries('matmul_layernorm'))} LayerNorm and {_count('matmul_rmsnorm', 'dispatch_training')} of "
-        f"{len(_h200_entries('matmul_rmsnorm'))} RMSNorm rows": "full-row training",
-        f"({'none' if not (n := _count('matmul_layernorm_split_n') + _count('matmul_rmsnorm_split_n')) else n} of "
-        f"{len(_h200_entries('matmul_layernorm_split_n')) + len(_h200_entries('matmul_rmsnorm_split_n'))} tuned rows)":
-            "split-N fused",
-        f"(on the H200, {_count('matmul_layernorm_split_n', choice='unfused', unfused='cublas+liger_norm') + _count('matmul_rmsnorm_split_n', choice='unfused', unfused='cublas+liger_norm')} of the 20 rows":
-            "split-N on Liger",
-        f"(on the H200, {_count('matmul_rmsnorm_matmul')} of {len(_h200_entries('matmul_rmsnorm_matmul'))} rows":
+        f"({_count('rmsnorm_matmul')} of the {rows['rmsnorm_matmul']} tuned H200 rows)": "rmsnorm_matmul",
+        f"fused in training at {_count('matmul_layernorm', 'dispatch_training')} of {rows['matmul_layernorm']} "
+        f"LayerNorm and {_count('matmul_rmsnorm', 'dispatch_training')} of {rows['matmul_rmsnorm']} RMSNorm rows":
+            "full-row training",
+        f"({split_n_fused or 'none'} of {sum(rows[k] for k in split_n)} tuned rows)": "split-N fused",
+        f"(on the H200, {split_n_liger} of the {sum(rows[k] for k in split_n)} rows": "split-N on Liger",
+        f"(on the H200, {_count('matmul_rmsnorm_matmul')} of {rows['matmul_rmsnorm_matmul']} rows":
             "matmul_rmsnorm_matmul",
     }
     missing = [f"{what}: {text!r}" for text, what in claims.items() if text not in readme]

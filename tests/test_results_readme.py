@@ -84,3 +84,26 @@ def test_a_headline_finds_its_re_runs_by_name_and_command(tmp_path, monkeypatch)
     assert results_readme.with_reruns("g", ("k_w",)) == ("k_w", "k_w_M_8_and_K_4")
     # a re-run named under one stem but listed itself is not repeated
     assert results_readme.with_reruns("g", ("k_w", "k_w_M_8_and_K_4")) == ("k_w", "k_w_M_8_and_K_4")
+
+
+def test_a_re_run_key_reads_unquoted_reordered_and_repr_quoted_commands(tmp_path):
+    """Commands written as ``" ".join(sys.argv)`` (a where clause unquoted), with options in
+    another order, or with a where clause repr-quoted (escaped quotes shlex cannot read) key the
+    same as the base command; a file that is no dict or no command has no key."""
+    import json
+
+    import results_readme
+
+    def key(command):
+        path = tmp_path / "r.json"
+        path.write_text(json.dumps(command if not isinstance(command, str) else {"command": command}))
+        return results_readme._command_key(path)
+
+    base = key("python bench/postnorm_training_forward.py --kernel matmul_rmsnorm --repeats 3")
+    assert key("python bench/postnorm_training_forward.py --kernel matmul_rmsnorm --where M == 65536 and K <= 512") == base
+    assert key("python bench/postnorm_training_forward.py --repeats=2 --where='M == 8' --kernel=matmul_rmsnorm") == base
+    assert key("python bench/postnorm_training_forward.py --kernel matmul_layernorm") != base
+    graph = key("python bench/training_step.py --timer graph")
+    assert key("python bench/training_step.py --where 'layer == \"a\" or layer == \\'b\\'' --timer graph") == graph
+    assert key("python bench/training_step.py --timer graph --bias") != graph
+    assert key(["not", "a", "dict"]) is None and key({"command": 3}) is None and key({}) is None

@@ -4,18 +4,22 @@ summary and the CPU path (the timing itself needs a GPU)."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
-import helion
 import pytest
+from _bench_scripts import REPO
 
 import gemm_tilings  # bench/variants
 from helion_kernels.spec import Shape
 
 
 def test_every_tiling_is_a_valid_helion_config_with_tile_n_128():
+    # helion.Config takes any key, so compare with the keys Helion's search wrote in the committed entries
+    entries = json.loads((REPO / "configs" / "nvidia_h200_sm90" / "matmul.json").read_text())["entries"]
+    known = set().union(*(e["config"] for e in entries))
     for name, config in gemm_tilings.TILINGS.items():
-        helion.Config(**config)  # raises on an unknown key
+        assert set(config) <= known, (name, set(config) - known)
         assert config["block_sizes"][1] == 128, name
         assert ("_f" in name) == bool(config.get("range_flattens")), name
         assert name.endswith("_x2") == (config.get("num_sm_multiplier") == 2), name
@@ -48,3 +52,20 @@ def test_shape_argument_is_checked():
 def test_without_a_gpu_it_names_the_tilings_and_exits(capsys):
     assert gemm_tilings.main(["--shape", "262144,512,128", "--tilings", "tma_128x128x64_w8_s3"]) == 0
     assert "would time at 262144x512x128: cublas_mm, registry, tma_128x128x64_w8_s3" in capsys.readouterr().err
+
+
+def test_a_column_whose_timing_raises_gets_nan_and_a_note():
+    cols = {"cublas_mm": ["c"], "registry": ["r"], "tma_128x128x64_w8_s3": ["t"]}
+    errors = {"cublas_mm": None, "registry": None, "tma_128x128x64_w8_s3": 0.002}
+
+    def fake(fns):
+        if fns == ["t"]:
+            raise RuntimeError("capture failed\nmore")
+        return 1.0
+
+    timer = gemm_tilings.timer_keeping_errors(cols, errors, timer=fake)
+    assert timer(cols["registry"]) == 1.0 and math.isnan(timer(cols["tma_128x128x64_w8_s3"]))
+    assert errors["tma_128x128x64_w8_s3"] == "timing failed: RuntimeError: capture failed"
+    times = {"cublas_mm": [1.0], "registry": [1.0], "tma_128x128x64_w8_s3": [float("nan")]}
+    row = gemm_tilings.summarise(Shape(8, 8, 8), times, errors, "exact").set_index("tiling").loc["tma_128x128x64_w8_s3"]
+    assert math.isnan(row.ms) and row.note.startswith("timing failed")

@@ -20,6 +20,7 @@ lists the tilings and exits.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ from helion_kernels.benchmark import RESULTS_DIR, time_columns, write_table
 from helion_kernels.kernels import get_spec
 from helion_kernels.kernels.matmul import matmul_kernel
 from helion_kernels.spec import Shape
-from helion_kernels.timing import input_copies
+from helion_kernels.timing import input_copies, time_ms
 
 CUBLAS, REGISTRY = "cublas_mm", "registry"
 
@@ -74,6 +75,11 @@ def _shape(text: str) -> Shape:
     return Shape(m, k, n)
 
 
+def _first_line(exc: Exception) -> str:
+    text = str(exc).splitlines()
+    return f"{type(exc).__name__}: {text[0][:120] if text else ''}"
+
+
 def columns(shape: Shape, names: list[str], device) -> tuple[dict, dict]:
     """Name -> callables over the rotated input sets (cuBLAS, the registry's config, each tiling),
     and name -> the relative error of its output against fp32 on the first set (None: not checked;
@@ -90,7 +96,7 @@ def columns(shape: Shape, names: list[str], device) -> tuple[dict, dict]:
             run = matmul_kernel.bind(sets[0]).compile_config(helion.Config(**TILINGS[name]))
             out = run(*sets[0])
         except Exception as exc:  # noqa: BLE001 - a tiling Helion or Triton refuses is reported, not fatal
-            errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+            errors[name] = _first_line(exc)
             continue
         err = float(((out.float() - ref).norm() / ref.norm()).item())
         errors[name] = err
@@ -100,11 +106,30 @@ def columns(shape: Shape, names: list[str], device) -> tuple[dict, dict]:
     return cols, errors
 
 
+def timer_keeping_errors(cols: dict, errors: dict, timer=None):
+    """A ``time_columns`` timer that gives NaN where timing a column raises (a launch that fails
+    only under graph capture, say) and keeps the error as that column's note, so one failing
+    tiling does not lose the others' times."""
+    timer = timer or time_ms
+    names = {id(fns): name for name, fns in cols.items()}
+
+    def timed(fns) -> float:
+        try:
+            return timer(fns)
+        except Exception as exc:  # noqa: BLE001 - reported in the column's note
+            errors[names[id(fns)]] = f"timing failed: {_first_line(exc)}"
+            return float("nan")
+
+    return timed
+
+
 def summarise(shape: Shape, times: dict[str, list[float]], errors: dict, registry_config: str) -> pd.DataFrame:
     """One row per column: median ms, and the median and spread of its per-repeat ratio to cuBLAS."""
     rows = []
     for name, err in errors.items():
         ms = times.get(name)
+        if ms and any(math.isnan(t) for t in ms):  # a repeat whose timing failed: no time (see note)
+            ms = None
         ratios = [t / c for t, c in zip(ms, times[CUBLAS])] if ms else []
         rows.append({"M": shape.M, "K": shape.K, "N": shape.N, "tiling": name,
                      "config": registry_config if name == REGISTRY else ("" if name == CUBLAS else str(TILINGS[name])),
@@ -112,8 +137,8 @@ def summarise(shape: Shape, times: dict[str, list[float]], errors: dict, registr
                      "vs_cublas": statistics.median(ratios) if ratios else None,
                      "vs_cublas_spread": (max(ratios) - min(ratios)) if ratios else None,
                      "rel_error": err if isinstance(err, float) else None,
-                     "note": err if isinstance(err, str) else ("wrong output" if isinstance(err, float) and not err < 1e-2
-                                                                else "")})
+                     "note": err if isinstance(err, str) else (
+                         "wrong output" if isinstance(err, float) and not err < 1e-2 else "")})
     return pd.DataFrame(rows)
 
 
@@ -137,13 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     spec = get_spec("matmul")
     cols, errors = columns(shape, args.tilings, device)
     registry_config = runtime.resolved_config(spec, spec.make_args(shape, torch.bfloat16, device, 0)).source
-    times = time_columns(cols, args.repeats)
+    times = time_columns(cols, args.repeats, timer=timer_keeping_errors(cols, errors))
     df = summarise(shape, times, errors, registry_config)
     print(df.to_string(index=False), flush=True)
-    stem = (args.out or RESULTS_DIR / gpu / "variants") / f"gemm_tilings_{label}"
+    subset = args.tilings != list(TILINGS)  # a partial run gets its own file, not the full run's
+    stem = (args.out or RESULTS_DIR / gpu / "variants") / (
+        f"gemm_tilings_{label}" + (f"_{len(args.tilings)}_of_{len(TILINGS)}" if subset else ""))
+    tilings_arg = f" --tilings {' '.join(args.tilings)}" if subset else ""
     write_table(df, stem, f"Hand-picked tilings of the plain Helion GEMM at {label}: {torch.cuda.get_device_name()}", [
         f"command: `python bench/variants/gemm_tilings.py --shape {shape.M},{shape.K},{shape.N} "
-        f"--repeats {args.repeats}`",
+        f"--repeats {args.repeats}{tilings_arg}`",
         "bf16, fresh random inputs; cuBLAS `a @ b`, the registry's `matmul` config (`registry`) and each tiling of "
         "`TILINGS` in the script; each output checked against fp32 (rel_error; over 1e-2, or a compile failure, "
         "is not timed: note)",

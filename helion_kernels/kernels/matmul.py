@@ -49,7 +49,8 @@ SEED_TMA_PERSISTENT_128x256_FLATTENED = helion.Config(
     pid_type="persistent_interleaved", l2_groupings=[8], range_flattens=[True])
 # tile_n = 128 with four warps, five stages and the flattened persistent loop: at 262144x512x128
 # (N = 128, memory-bound) it ran 1.00x cuBLAS where the searches' pick (256x128x64, 16 warps,
-# pointer) ran 1.08-1.10x (bench/results/nvidia_h200_sm90/variants/gemm_tilings_262144x512x128.md).
+# pointer) ran 1.067x in the same run (bench/results/nvidia_h200_sm90/variants/gemm_tilings_262144x512x128.md)
+# and 1.08-1.10x in the benchmarks' balanced runs before.
 SEED_TMA_PERSISTENT_128x128_W4_S5_FLATTENED = helion.Config(
     block_sizes=[128, 128, 64], num_warps=4, num_stages=5, indexing="tensor_descriptor",
     pid_type="persistent_interleaved", l2_groupings=[8], range_flattens=[True])
