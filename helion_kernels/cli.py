@@ -392,7 +392,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     for kind in workloads.KINDS:
         for name in workloads.list_workloads(kind):
             try:  # one bad table of the user's is reported, and the listing goes on
-                print(f"  {name:26} {len(workloads.load_workload(name, kind=kind))} rows ({kind})")
+                mine = ", your table in place of the shipped one" if workloads.replaces_shipped(name, kind) else ""
+                print(f"  {name:26} {len(workloads.load_workload(name, kind=kind))} rows ({kind}{mine})")
             except ValueError as err:
                 print(f"  {name:26} unusable ({kind}): {err}")
     print(f"registry (user: {registry.user_dir()}; shipped: {registry.shipped_dir()}):")

@@ -281,6 +281,7 @@ def user_dir() -> Path:
     """
     env = os.environ.get(ENV_CONFIG_DIR)
     if env:
+        env = os.path.expanduser(env)  # a quoted "~/..." reaches us unexpanded
         if Path(env).exists() and not Path(env).is_dir():
             raise RegistryError(f"${ENV_CONFIG_DIR} = {env} is not a folder; point it at a folder "
                                 "(it is created on the first save) or unset it")

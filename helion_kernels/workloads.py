@@ -37,6 +37,14 @@ def _path(name: str, kind: str) -> Path | None:
     return None
 
 
+def replaces_shipped(name: str, kind: str = "gemm") -> bool:
+    """Whether the user registry's table ``name`` is read in place of a different shipped table
+    of that name (a copy of the shipped one changes nothing)."""
+    folder = KINDS[kind][0]
+    user, shipped = user_dir() / folder / f"{name}.csv", shipped_dir() / folder / f"{name}.csv"
+    return user.is_file() and shipped.is_file() and user.read_bytes() != shipped.read_bytes()
+
+
 def list_workloads(kind: str = "gemm") -> list[str]:
     folder = KINDS[kind][0]
     return sorted({p.stem for root in (user_dir(), shipped_dir()) for p in (root / folder).glob("*.csv")})

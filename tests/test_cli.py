@@ -81,6 +81,24 @@ def test_list_reports_a_bad_table_and_goes_on(capsys, workload_registry):
     assert re.search(r"prenorm_rmsnorm +30 rows \(gemm\)", out)
 
 
+def test_list_names_a_user_table_that_replaces_a_shipped_one(capsys, workload_registry):
+    """A user table named like a shipped one is read instead of it: `list` says so (a plain copy
+    of the shipped table changes nothing and is not marked)."""
+    assert main(["list"]) == 0
+    assert re.search(r"prenorm_rmsnorm +30 rows \(gemm\)\n", capsys.readouterr().out)
+    (workload_registry / "workloads" / "prenorm_rmsnorm.csv").write_text("M,K,N\n64,128,256\n")
+    assert main(["list"]) == 0
+    assert re.search(r"prenorm_rmsnorm +1 rows \(gemm, your table in place of the shipped one\)",
+                     capsys.readouterr().out)
+
+
+def test_a_config_dir_with_a_tilde_is_under_home(monkeypatch, tmp_path):
+    """A quoted ``~/...`` (the shell did not expand it) still means the home folder."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("HELION_KERNELS_CONFIG_DIR", "~/cfg")
+    assert registry.user_dir() == tmp_path / "cfg"
+
+
 @pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
 def test_bench_without_gpu_checks_configs(capsys, workload_registry):
     cfg = helion.Config(block_sizes=[64, 128, 128, 64], num_warps=8, num_stages=3)
