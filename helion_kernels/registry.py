@@ -556,9 +556,11 @@ def lookup(kernel: str, shape: Shape | AttentionShape, dtype: torch.dtype | str,
         return Lookup("nearest", near, tuned_on)
     if warn:
         what = f"no config for {name} or a dtype of its size" if entries else "no config"
+        if _architecture(gpu) is None:  # the CPU: nothing to tune, and speed does not matter there
+            advice = f"as configs are tuned per GPU, and on {gpu} only Helion's or Triton's interpreter runs"
+        else:
+            advice = f"which can be several times slower. Tune with: {tune_command(kernel, shape, name, gpu)}"
         warnings.warn(
-            f"{kernel}: the registry has {what} for {gpu}; using the conservative default "
-            f"config, which can be several times slower. Tune with: "
-            f"{tune_command(kernel, shape, name, gpu)}",
+            f"{kernel}: the registry has {what} for {gpu}; using the conservative default config, {advice}",
             ConfigFallbackWarning, stacklevel=3)
     return Lookup("default", None)

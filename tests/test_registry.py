@@ -306,7 +306,7 @@ def test_entry_without_a_key_is_a_corrupt_file(registry_dir):
 def test_no_tuning_advice_for_the_cpu(registry_dir):
     """Configs are tuned per GPU: on the CPU (an interpreter run) the warning says so instead
     of printing an autotune command that cannot run there."""
-    with pytest.warns(ConfigFallbackWarning, match="Tune with: nothing: configs are tuned per GPU"):
+    with pytest.warns(ConfigFallbackWarning, match="default config, as configs are tuned per GPU, and on cpu only"):
         registry.lookup("k", Shape(8, 8, 8), torch.float32, "cpu")
 
 
