@@ -521,12 +521,27 @@ def neighbour_entries(entries: dict[tuple, Entry], shape: Shape | AttentionShape
             if tuple(e.shape) != tuple(shape) and shape_distance(e.shape, shape) <= max_distance]
 
 
+def untunable(gpu: str | None) -> str | None:
+    """Why no config can be tuned on ``gpu``'s device, one that is not a GPU (the CPU's
+    interpreters); None on a GPU."""
+    if gpu is not None and _architecture(gpu) is None:
+        return f"configs are tuned per GPU, and on {gpu} only Helion's or Triton's interpreter runs"
+    return None
+
+
+def tune_advice(kernel: str, shape: Shape | AttentionShape, dtype: str, gpu: str | None,
+                lead: str = "Tune this shape with") -> str:
+    """A fallback warning's last sentence: ``<lead>: <the command>`` (:func:`tune_command`), or
+    on a device that is not a GPU why there is none (:func:`untunable`)."""
+    reason = untunable(gpu)
+    if reason is not None:
+        return f"{reason[0].upper()}{reason[1:]}."
+    return f"{lead}: {tune_command(kernel, shape, dtype, gpu)}"
+
+
 def tune_command(kernel: str, shape: Shape | AttentionShape, dtype: str, gpu: str | None = None) -> str:
     """The CLI command that tunes ``kernel`` at ``shape`` (attention kernels tune workload
-    rows, which carry the sequence lengths the config is timed on); for a device that is
-    not a GPU (the CPU's interpreters), why there is none."""
-    if gpu is not None and _architecture(gpu) is None:
-        return f"nothing: configs are tuned per GPU, and on {gpu} only Helion's or Triton's interpreter runs"
+    rows, which carry the sequence lengths the config is timed on)."""
     if isinstance(shape, AttentionShape):
         return (f"helion-kernels autotune --kernel {kernel} --workload {kernel} "
                 f"--where 'H == {shape.H} and D == {shape.D}' --dtype {dtype}")
@@ -550,16 +565,14 @@ def lookup(kernel: str, shape: Shape | AttentionShape, dtype: torch.dtype | str,
             where = "" if tuned_on == gpu else f" on {tuned_on} (same architecture)"
             warnings.warn(
                 f"{kernel}: no config tuned for {shape} {name} on {gpu}; using the one tuned "
-                f"for {near.shape} {near.dtype}{where}. Tune this shape with: "
-                f"{tune_command(kernel, shape, name, gpu)}",
+                f"for {near.shape} {near.dtype}{where}. {tune_advice(kernel, shape, name, gpu)}",
                 ConfigFallbackWarning, stacklevel=3)
         return Lookup("nearest", near, tuned_on)
     if warn:
         what = f"no config for {name} or a dtype of its size" if entries else "no config"
-        if _architecture(gpu) is None:  # the CPU: nothing to tune, and speed does not matter there
-            advice = f"as configs are tuned per GPU, and on {gpu} only Helion's or Triton's interpreter runs"
-        else:
-            advice = f"which can be several times slower. Tune with: {tune_command(kernel, shape, name, gpu)}"
+        reason = untunable(gpu)  # the CPU: nothing to tune, and speed does not matter there
+        advice = (f"as {reason}" if reason is not None else
+                  f"which can be several times slower. {tune_advice(kernel, shape, name, gpu, 'Tune with')}")
         warnings.warn(
             f"{kernel}: the registry has {what} for {gpu}; using the conservative default config, {advice}",
             ConfigFallbackWarning, stacklevel=3)

@@ -352,10 +352,10 @@ def fused_choice(spec: KernelSpec, args: tuple, training: bool = False) -> bool:
             warnings.warn(
                 f"{spec.name}: no dispatch decision tuned for {key} {dtype} on {gpu}; "
                 f"following the one {'(for training calls) ' if training else ''}tuned for {followed.shape} "
-                f"{followed.dtype} (unfused). Tune this shape with: "
-                f"{registry.tune_command(spec.name, key, dtype, gpu)}"
+                f"{followed.dtype} (unfused). {registry.tune_advice(spec.name, key, dtype, gpu)}"
                 + (" (and for training calls bench/postnorm_training_forward.py, then "
-                   "bench/dispatch_from_bench.py --training)" if training else ""),
+                   "bench/dispatch_from_bench.py --training)" if training and registry.untunable(gpu) is None
+                   else ""),
                 registry.ConfigFallbackWarning, stacklevel=4)
     return decision.fused
 

@@ -310,6 +310,18 @@ def test_no_tuning_advice_for_the_cpu(registry_dir):
         registry.lookup("k", Shape(8, 8, 8), torch.float32, "cpu")
 
 
+def test_tune_advice_is_a_command_on_a_gpu_and_a_reason_on_the_cpu(registry_dir):
+    """Every fallback warning ends with the same advice: the autotune command on a GPU, on the
+    CPU the reason there is none (an entry saved for the CPU is followed as nearest with it too)."""
+    gpu = registry.tune_advice("k", Shape(8, 8, 8), "float32", "nvidia_h200_sm90")
+    assert gpu == "Tune this shape with: helion-kernels autotune --kernel k --shape 8,8,8 --dtype float32"
+    assert registry.tune_advice("k", Shape(8, 8, 8), "float32", "cpu") == (
+        "Configs are tuned per GPU, and on cpu only Helion's or Triton's interpreter runs.")
+    registry.save_entry("k", "cpu", registry.Entry(Shape(16, 8, 8), "float32", helion.Config(block_sizes=[16])))
+    with pytest.warns(ConfigFallbackWarning, match=r"tuned for 16x8x8 float32\. Configs are tuned per GPU, and on cpu"):
+        registry.lookup("k", Shape(8, 8, 8), torch.float32, "cpu")
+
+
 def test_committed_configs_fit_their_kernels():
     """Every committed config can seed Helion's search for its kernel: each per-access list
     (``indexing``, ...) has the length the kernel's config spec has. A longer one runs, but
