@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -136,16 +135,16 @@ def _range(values: pd.Series) -> str:
     return _fmt(lo) if _fmt(lo) == _fmt(hi) else f"{_fmt(lo)} to {_fmt(hi)}"
 
 
-def _command_key(json_path: Path) -> tuple | None:
-    """A result's command without its ``--where`` and ``--repeats`` (what a re-run of some of
-    its rows changes): the words before the first option, and the other options with their values
-    in sorted order; None where the result records no command. A ``--where`` value runs to the
-    next ``--`` option, so a command written unquoted (``" ".join(sys.argv)``) reads the same."""
+def _command_key(csv: Path) -> tuple | None:
+    """A result's command (its :func:`registry.result_meta`) without its ``--where`` and
+    ``--repeats`` (what a re-run of some of its rows changes): the words before the first option,
+    and the other options with their values in sorted order; None where the result records no
+    command. A ``--where`` value runs to the next ``--`` option, so a command written unquoted
+    (``" ".join(sys.argv)``) reads the same."""
     try:
-        meta = json.loads(json_path.read_text())
+        command = registry.result_meta(csv).get("command")
     except (OSError, ValueError):
         return None
-    command = meta.get("command") if isinstance(meta, dict) else None
     if not isinstance(command, str) or not command.strip():
         return None
     try:
@@ -171,11 +170,11 @@ def with_reruns(gpu: str, stems: tuple[str, ...]) -> tuple[str, ...]:
     benchmark re-run on some rows (after a re-tune, or in another column order) counts in the
     headline without being listed by hand; another timer or kernel is another command."""
     folder = RESULTS / gpu
-    keys = {key for stem in stems if (key := _command_key(folder / f"{stem}.json")) is not None}
+    keys = {key for stem in stems if (key := _command_key(folder / f"{stem}.csv")) is not None}
     found: list[str] = []
     for stem in stems:
         for csv in sorted(folder.glob(f"{glob.escape(stem)}_*.csv")):
-            if csv.stem not in stems and csv.stem not in found and _command_key(csv.with_suffix(".json")) in keys:
+            if csv.stem not in stems and csv.stem not in found and _command_key(csv) in keys:
                 found.append(csv.stem)
     return (*stems, *found)
 

@@ -97,7 +97,7 @@ def test_a_re_run_key_reads_unquoted_reordered_and_repr_quoted_commands(tmp_path
     def key(command):
         path = tmp_path / "r.json"
         path.write_text(json.dumps(command if not isinstance(command, str) else {"command": command}))
-        return results_readme._command_key(path)
+        return results_readme._command_key(tmp_path / "r.csv")  # the table whose .json it reads
 
     base = key("python bench/postnorm_training_forward.py --kernel matmul_rmsnorm --repeats 3")
     assert key("python bench/postnorm_training_forward.py --kernel matmul_rmsnorm --where M == 65536 and K <= 512") == base
