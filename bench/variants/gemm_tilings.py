@@ -35,6 +35,7 @@ from helion_kernels.kernels import get_spec
 from helion_kernels.kernels.matmul import matmul_kernel
 from helion_kernels.spec import Shape
 from helion_kernels.timing import input_copies, time_ms
+from helion_kernels.workloads import parse_shape
 
 CUBLAS, REGISTRY = "cublas_mm", "registry"
 
@@ -66,13 +67,11 @@ TILINGS = {
 
 
 def _shape(text: str) -> Shape:
+    """``M,K,N`` (or ``MxKxN``) as a Shape (:func:`workloads.parse_shape`), for argparse."""
     try:
-        m, k, n = (int(x) for x in text.replace("x", ",").split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected M,K,N (e.g. 262144,512,128), got {text!r}") from None
-    if min(m, k, n) < 1:
-        raise argparse.ArgumentTypeError(f"M, K and N must be positive, got {text!r}")
-    return Shape(m, k, n)
+        return parse_shape(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _first_line(exc: Exception) -> str:

@@ -52,6 +52,7 @@ from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_given_rstd_kern
 from helion_kernels.spec import Shape, random_gemm_operands
 from helion_kernels.timing import time_ms
 from helion_kernels.verify import VerificationError, check_deterministic, check_outputs
+from helion_kernels.workloads import parse_shape
 
 DRAWS = 2
 REPEATS = 30
@@ -233,13 +234,14 @@ def main(out_csv: str, shapes=(Shape(65536, 256, 256), Shape(65536, 1024, 1024))
 
 
 def _shape(text: str) -> Shape:
-    """``MxKxN`` (positive integers) as a Shape, for argparse."""
+    """``MxKxN`` (positive integers) as a Shape (:func:`workloads.parse_shape`), for argparse."""
     import argparse
 
-    parts = text.lower().split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise argparse.ArgumentTypeError(f"{text!r} is not MxKxN with three positive integers, e.g. 65536x1024x1024")
-    return Shape(*map(int, parts))
+    try:
+        return parse_shape(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not MxKxN with three positive integers, e.g. 65536x1024x1024") from None
 
 
 if __name__ == "__main__":
