@@ -252,7 +252,7 @@ def tune_problem(
         seeds_text += f", kept: the search's pick took {search['search_ms']:.4f} ms"
     timed = f", {search['configs_tested']} configs timed" if "configs_tested" in search else ""
     if search.get("generations") == 0:
-        timed += ", the search started no round past its first population"
+        timed += ", the search started no round past its first population: a larger budget lets it search"
     elif "generations" in search:
         timed += f", {search['generations']} search round(s) started past its first population"
     return TuneResult(

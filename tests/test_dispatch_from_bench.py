@@ -235,8 +235,10 @@ BENCHMARKED = {
     "matmul_layernorm": (("postnorm_fullrow",), 16),
     "matmul_rmsnorm": (("postnorm_fullrow",), 16),
     "rmsnorm_matmul": (("prenorm_rmsnorm",), 30),
-    # the 12 K >= 1024 rows (M = 65536, 131072, 524288) and the training table's 524288x512x512
-    "rmsnorm_matmul_given_rstd": (("prenorm_rmsnorm", "training"), 13),
+    # the 12 K >= 1024 rows (M = 65536, 131072, 524288) and the training table's 524288x512x512,
+    # less 65536x1024x1024, 131072x1024x1024 and 524288x1024x512, re-tuned at 50 s on 2026-12-04
+    # after their last benchmark (they keep their tuning's decision until re-benched)
+    "rmsnorm_matmul_given_rstd": (("prenorm_rmsnorm", "training"), 10),
 }
 
 
@@ -253,8 +255,11 @@ def test_committed_records_are_those_of_the_newest_benchmark(kernel):
 
 
 # The full-row ops' training decisions (bench/postnorm_training_forward.py, dispatch_from_bench
-# --training): every row of the full-row table.
-TRAINING_BENCHMARKED = {"matmul_layernorm": 16, "matmul_rmsnorm": 16}
+# --training): every row of the full-row table but the 4 per norm re-tuned on 2026-12-04 after
+# the training benchmark ran (LayerNorm: 65536x64x256, 65536x128x512, 262144x64x256,
+# 262144x128x512; RMSNorm: 65536x64x256, 65536x128x512, 262144x128x512, 262144x512x512), whose
+# training calls follow their forward decision until that benchmark is re-run.
+TRAINING_BENCHMARKED = {"matmul_layernorm": 12, "matmul_rmsnorm": 12}
 
 
 @pytest.mark.parametrize("kernel", sorted(TRAINING_BENCHMARKED))
