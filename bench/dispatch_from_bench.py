@@ -23,7 +23,8 @@ It writes the checkout's committed registry (``configs/``) unless ``--registry``
 root. Rows without an entry, rows whose fused kernel failed its check, rows with a missing
 time and rows whose entry was tuned after the benchmark ran (it timed the previous config) are
 reported and skipped; it exits 1 if no row was recorded. Re-tuning an entry records a new
-decision from tuning's own timing; run this again after re-running the benchmark. Given several
+forward decision from tuning's own timing and carries its training record over from the config
+it replaced (``tuning.carried_training_record``); run this again after re-running the benchmark. Given several
 benchmark files of one kernel, run it on them oldest first, so that each row ends with the
 newest measurement's decision (``tests/test_dispatch_from_bench.py`` checks the committed
 registry for that).
@@ -141,9 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         tuned = entry.meta.get("tuned_at", "")
         tuned_at = registry.timestamp(tuned)
         if tuned_at and measured_at and tuned_at > measured_at:
+            keeps = "its current training record" if args.training else "its tuning's decision"
             print(f"skipped {key}: the entry was tuned ({tuned}) after this benchmark ran ({when}), which "
-                  "timed the previous config; the entry keeps its tuning's decision (re-run the benchmark)"
-                  + ("; training calls follow that until a training record is written" if args.training else ""))
+                  f"timed the previous config; the entry keeps {keeps} (re-run the benchmark)")
             continue
         old = entry.meta.get(field, {})
         record = {**row.record, "source": source}

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import shlex
 import sys
 from pathlib import Path
@@ -165,17 +164,15 @@ def _command_key(csv: Path) -> tuple | None:
 
 
 def with_reruns(gpu: str, stems: tuple[str, ...]) -> tuple[str, ...]:
-    """``stems`` and, after them, their re-runs: the files ``<stem>_<suffix>`` (the name a
-    ``--where`` adds) whose command is one of the stems' but for ``--where`` and ``--repeats``, so a
+    """``stems`` and, after them, their re-runs: the other files of the folder whose command is
+    one of the stems' but for ``--where`` and ``--repeats`` (whatever their names: a re-run over
+    rows of two stems, e.g. both M of a table, is named after its own ``--where``), so a
     benchmark re-run on some rows (after a re-tune, or in another column order) counts in the
     headline without being listed by hand; another timer or kernel is another command."""
     folder = RESULTS / gpu
     keys = {key for stem in stems if (key := _command_key(folder / f"{stem}.csv")) is not None}
-    found: list[str] = []
-    for stem in stems:
-        for csv in sorted(folder.glob(f"{glob.escape(stem)}_*.csv")):
-            if csv.stem not in stems and csv.stem not in found and _command_key(csv) in keys:
-                found.append(csv.stem)
+    found = [csv.stem for csv in sorted(folder.glob("*.csv"))
+             if csv.stem not in stems and _command_key(csv) in keys]
     return (*stems, *found)
 
 

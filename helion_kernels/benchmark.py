@@ -405,4 +405,7 @@ def _dispatch(spec: KernelSpec, shape, dtype: torch.dtype, found: registry.Looku
         return "unfused (no entry)"
     text = registry.dispatch_text(found.entry.meta.get("dispatch", {}))
     training = found.entry.meta.get(registry.TRAINING_DISPATCH)
-    return text if training is None else f"{text}; training: {registry.dispatch_text(training)}"
+    if training is None:
+        return text
+    carried = "*" if registry.MEASURED_CONFIG in training else ""  # measured with the replaced config
+    return f"{text}; training: {registry.dispatch_text(training)}{carried}"

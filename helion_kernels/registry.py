@@ -67,8 +67,12 @@ WORKLOAD_FOLDERS = ("workloads", "attention_workloads")
 DTYPE_NAMES = ("bfloat16", "float16", "float32")  # the dtypes the ops take and entries are tuned at
 # An entry's dispatch decision for training calls (the forward also writes what the backward
 # needs), beside its forward ``dispatch`` record; same fields. Written by
-# bench/dispatch_from_bench.py --training from bench/postnorm_training_forward.py's table.
+# bench/dispatch_from_bench.py --training from bench/postnorm_training_forward.py's table, and
+# carried over a re-tune (marked MEASURED_CONFIG) by tuning.carried_training_record.
 TRAINING_DISPATCH = "dispatch_training"
+# In a training record a re-tune carried over from the entry it replaced: that entry's tuned_at
+# (the record timed that config; see tuning.carried_training_record).
+MEASURED_CONFIG = "measured_config_tuned_at"
 
 
 def _positive_int(value) -> bool:

@@ -302,7 +302,8 @@ def _decision(spec: KernelSpec, args: tuple, training: bool = False) -> _Decisio
 
     ``training``: the call also writes what its backward needs; the entry's
     :data:`~.registry.TRAINING_DISPATCH` record decides where it has one (measured with
-    those writes), else its forward ``dispatch`` record."""
+    those writes; after a re-tune, with the config it replaced), else its forward ``dispatch``
+    record."""
     a = args[0]
     key = spec.key_of(args)
     dtype, gpu = registry.dtype_name(a.dtype), registry.gpu_key(a.device)

@@ -258,6 +258,18 @@ def test_cpu_report_names_a_training_decision_apart(capsys):
 
 
 @pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
+def test_cpu_report_marks_a_training_decision_carried_over_a_re_tune(capsys):
+    """The committed registry's full-row LayerNorm at 262144x128x512, re-tuned after its training
+    benchmark: the training record is the replaced config's, marked with a star and explained."""
+    rc = main(["bench", "--kernel", "matmul_layernorm", "--workload", "postnorm_fullrow", "--where",
+               "M == 262144 and K == 128 and N == 512"])
+    out = capsys.readouterr().out
+    assert rc == 0 and re.search(r"262144 +128 +512 .* fused; training: unfused\* +ok", out)
+    assert "*: measured with the config a re-tune replaced" in " ".join(out.split())
+    assert max(len(line) for line in out.splitlines()) <= 120
+
+
+@pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
 def test_committed_rows_re_tuned_since_the_benchmark_are_named(registry_dir, tmp_path):
     """A committed result row whose registry entry is newer than the benchmark is flagged (its
     times are not the shipped config's); older entries, rows without entries, and a file

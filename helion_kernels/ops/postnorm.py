@@ -31,7 +31,8 @@ def use_fused(spec, args: tuple, fused: bool | None = None, training: bool = Fal
     ``training=True`` (autograd records the call, so the kernel also writes the norm's input
     ``h`` for the backward) follows the entry's training decision where it has one
     (:data:`~helion_kernels.registry.TRAINING_DISPATCH`, measured with that write by
-    ``bench/postnorm_training_forward.py``), else its forward one.
+    ``bench/postnorm_training_forward.py``, with the entry's config or, after a re-tune, the
+    config it replaced), else its forward one.
     ``fused=True`` forces the kernel (ValueError past the N limit); ``fused=False`` forces the
     unfused path. In Helion's reference mode (no configs, no timings) the kernel always runs.
 
