@@ -142,9 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         tuned = entry.meta.get("tuned_at", "")
         tuned_at = registry.timestamp(tuned)
         if tuned_at and measured_at and tuned_at > measured_at:
-            keeps = "its current training record" if args.training else "its tuning's decision"
+            if not args.training:
+                keeps = "the entry keeps its tuning's decision"
+            elif field in entry.meta:
+                keeps = "the entry keeps its current training record"
+            else:
+                keeps = "training calls follow the entry's forward decision"
             print(f"skipped {key}: the entry was tuned ({tuned}) after this benchmark ran ({when}), which "
-                  f"timed the previous config; the entry keeps {keeps} (re-run the benchmark)")
+                  f"timed the previous config; {keeps} (re-run the benchmark)")
             continue
         old = entry.meta.get(field, {})
         record = {**row.record, "source": source}

@@ -339,8 +339,8 @@ def _cpu_bench(args: argparse.Namespace, spec, problems: list) -> int:
                      "compiled norm would run instead.")
         print(textwrap.fill("runs = what the op runs at that row: the fused kernel, or its unfused pipeline "
                             "(the registry's recorded choice, or N past the full-row limit; \"training:\" the choice when autograd "
-                            "records the call, where it was measured apart; *: measured with the config a re-tune "
-                            "replaced, until re-measured); unfused (Liger norm) = "
+                            "records the call, where it was measured apart; *: measured before the entry's last "
+                            "re-tune, with the config it had then); unfused (Liger norm) = "
                             "cuBLAS + Liger's norm, where liger-kernel is installed (else the compiled norm)." + here,
                             WIDTH))
     if len(report) < len(problems) * max(1, len(registry.known_gpus())):

@@ -70,8 +70,8 @@ DTYPE_NAMES = ("bfloat16", "float16", "float32")  # the dtypes the ops take and 
 # bench/dispatch_from_bench.py --training from bench/postnorm_training_forward.py's table, and
 # carried over a re-tune (marked MEASURED_CONFIG) by tuning.carried_training_record.
 TRAINING_DISPATCH = "dispatch_training"
-# In a training record a re-tune carried over from the entry it replaced: that entry's tuned_at
-# (the record timed that config; see tuning.carried_training_record).
+# In a training record a re-tune carried over from the entry it replaced: the tuned_at of the
+# entry whose config the record timed (see tuning.carried_training_record).
 MEASURED_CONFIG = "measured_config_tuned_at"
 
 

@@ -303,7 +303,7 @@ def _decision(spec: KernelSpec, args: tuple, training: bool = False) -> _Decisio
     ``training``: the call also writes what its backward needs; the entry's
     :data:`~.registry.TRAINING_DISPATCH` record decides where it has one (measured with
     those writes; after a re-tune, with the config it replaced), else its forward ``dispatch``
-    record."""
+    record; fused only where the forward decision is fused too."""
     a = args[0]
     key = spec.key_of(args)
     dtype, gpu = registry.dtype_name(a.dtype), registry.gpu_key(a.device)
@@ -322,6 +322,10 @@ def _decision(spec: KernelSpec, args: tuple, training: bool = False) -> _Decisio
             timed = record.get("unfused_timed_ms", {}).get(pipeline)
             if timed is not None:
                 fused = timed >= record.get("margin", 1.0) * record["fused_ms"]
+        if training and fused:
+            # the training write adds work to the fused path only: never fused where the forward
+            # is not (a training record carried over a re-tune, then a forward re-benchmark)
+            fused = _decision(spec, args).fused
         _FUSED_CHOICE[cache_key] = _Decision(fused, pipeline, None if found.source == "exact" else entry)
     return _FUSED_CHOICE[cache_key]
 

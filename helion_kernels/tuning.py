@@ -240,10 +240,10 @@ def tune_problem(
         path = extra["dispatch"]["unfused"]  # the unfused path first, then any other timed
         pipelines = ", ".join(f"{name}: {timed[name]:.4f} ms" for name in sorted(timed, key=lambda name: name != path))
         decision = f", {extra['dispatch']['choice']} ({whole}unfused {pipelines})"
-    carried = carried_training_record(existing, extra.get("dispatch"))
+    carried = carried_training_record(existing)
     if carried:
         extra.update(carried)
-        decision += "; training: the previous config's decision kept until re-measured"
+        decision += "; training: the decision measured before this re-tune kept until re-measured"
     meta = entry_meta(latency, rel_error, options, tune_seconds, near, **extra)
     meta["autotune"].update(search)
     entry = registry.Entry(shape=key, dtype=name, config=config, meta=meta)
@@ -404,15 +404,13 @@ def keep_seed(config, search_ms: float | None, seed, seed_ms: float | None, sear
     return prefer_seed(search_ms, seed_ms, seed is not None and _same_config(seed, config))
 
 
-def carried_training_record(existing: registry.Entry | None, forward: dict | None) -> dict:
+def carried_training_record(existing: registry.Entry | None) -> dict:
     """What a re-tuned entry keeps of the entry it replaces (``existing``; None: a new key):
-    its training dispatch record (:data:`~.registry.TRAINING_DISPATCH`), marked with the
-    ``tuned_at`` of the config that record timed (:data:`~.registry.MEASURED_CONFIG`: the
-    replaced entry's, or the one its record already carries over an earlier re-tune), as
-    ``{TRAINING_DISPATCH: record}``; else ``{}``. Nothing is carried where the new forward
-    decision (``forward``, the tuning's ``dispatch`` record; None: the kernel has no
-    dispatcher) is not fused: training only adds work to the fused path, and a training call
-    without a record follows the forward decision.
+    its training dispatch record (:data:`~.registry.TRAINING_DISPATCH`) as
+    ``{TRAINING_DISPATCH: record}``, marked with the ``tuned_at`` of the entry whose config the
+    record timed (:data:`~.registry.MEASURED_CONFIG`: the mark it already had over an earlier
+    re-tune, else the replaced entry's; the re-tune may have ended on that same config); else
+    ``{}``.
 
     Tuning times the forward only. Without a training record a training call follows the
     forward decision, which leaves out the write of the norm's input that training adds: a
@@ -420,12 +418,13 @@ def carried_training_record(existing: registry.Entry | None, forward: dict | Non
     ran fused 8% slower in training, 1.16x faster in the forward). Assumed, not measured: the
     write costs about the same under the new tiling, so the previous config's training
     decision is the better guess until ``bench/postnorm_training_forward.py`` and
-    ``bench/dispatch_from_bench.py --training`` measure the new one.
+    ``bench/dispatch_from_bench.py --training`` measure the new one. The runtime runs a
+    training call fused only where the forward decision is fused too.
     """
     record = None if existing is None else existing.meta.get(registry.TRAINING_DISPATCH)
-    if record is None or (forward is not None and forward.get("choice") != "fused"):
+    if record is None:
         return {}
-    measured = record.get(registry.MEASURED_CONFIG) or existing.meta.get("tuned_at")
+    measured = record.get(registry.MEASURED_CONFIG) or existing.meta.get("tuned_at") or "unknown"
     return {registry.TRAINING_DISPATCH: {**record, registry.MEASURED_CONFIG: measured}}
 
 

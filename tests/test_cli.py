@@ -265,7 +265,7 @@ def test_cpu_report_marks_a_training_decision_carried_over_a_re_tune(capsys):
                "M == 262144 and K == 128 and N == 512"])
     out = capsys.readouterr().out
     assert rc == 0 and re.search(r"262144 +128 +512 .* fused; training: unfused\* +ok", out)
-    assert "*: measured with the config a re-tune replaced" in " ".join(out.split())
+    assert "*: measured before the entry's last re-tune" in " ".join(out.split())
     assert max(len(line) for line in out.splitlines()) <= 120
 
 

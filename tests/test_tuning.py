@@ -554,22 +554,20 @@ def test_a_late_key_is_not_started_and_an_existing_one_still_skipped(monkeypatch
 def test_a_retune_carries_the_training_record_marked_with_the_config_it_timed():
     """Tuning times the forward only: the replaced entry's training decision stays, marked as
     measured with that entry's config, or with the config it already names over a second
-    re-tune; nothing is carried for a new key, an entry without one, or where the new forward
-    decision is unfused (training only adds work to the fused path)."""
+    re-tune; nothing is carried for a new key or an entry without one."""
     from helion_kernels import registry
 
     def entry(tuned_at, training=None):
         meta = {"tuned_at": tuned_at} | ({} if training is None else {registry.TRAINING_DISPATCH: training})
-        return registry.Entry(Shape(64, 64, 64), "bfloat16", helion.Config(block_sizes=[64, 64, 64]), meta=meta)
+        return registry.Entry(Shape(64, 64, 64), "bfloat16", {"block_sizes": [64, 64, 64]}, meta=meta)
 
-    fused = {"choice": "fused"}
     record = {"choice": "unfused", "fused_ms": 0.24, "unfused_ms": 0.23, "source": "bench.csv"}
     first = "2026-12-02T01:02:19+00:00"
-    carried = tuning.carried_training_record(entry(first, record), fused)
+    carried = tuning.carried_training_record(entry(first, record))
     assert carried == {registry.TRAINING_DISPATCH: {**record, registry.MEASURED_CONFIG: first}}
     assert registry.MEASURED_CONFIG not in record  # the replaced entry's record is not changed
-    again = tuning.carried_training_record(entry("2026-12-04T15:43:26+00:00", carried[registry.TRAINING_DISPATCH]), fused)
-    assert again == carried  # still the config the benchmark timed, not the one in between
-    assert tuning.carried_training_record(entry(first, record), {"choice": "unfused"}) == {}
-    assert tuning.carried_training_record(None, fused) == {}
-    assert tuning.carried_training_record(entry(first), fused) == {}
+    # a second re-tune: still the config the benchmark timed, not the one in between
+    between = entry("2026-12-04T15:43:26+00:00", carried[registry.TRAINING_DISPATCH])
+    assert tuning.carried_training_record(between) == carried
+    assert tuning.carried_training_record(None) == {}
+    assert tuning.carried_training_record(entry(first)) == {}

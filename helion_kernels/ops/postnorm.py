@@ -32,7 +32,7 @@ def use_fused(spec, args: tuple, fused: bool | None = None, training: bool = Fal
     ``h`` for the backward) follows the entry's training decision where it has one
     (:data:`~helion_kernels.registry.TRAINING_DISPATCH`, measured with that write by
     ``bench/postnorm_training_forward.py``, with the entry's config or, after a re-tune, the
-    config it replaced), else its forward one.
+    config it replaced), else its forward one; fused only where the forward decision is too.
     ``fused=True`` forces the kernel (ValueError past the N limit); ``fused=False`` forces the
     unfused path. In Helion's reference mode (no configs, no timings) the kernel always runs.
 
