@@ -131,11 +131,21 @@ def problems(df: pd.DataFrame, kind: str = "gemm") -> list:
 
 
 def parse_shape(text: str) -> Shape:
-    """``"65536,1024,512"`` -> Shape(65536, 1024, 512); ValueError otherwise."""
+    """``"65536,1024,512"`` (or ``"65536x1024x512"``) -> Shape(65536, 1024, 512); ValueError otherwise."""
     try:
         m, k, n = (int(x) for x in text.replace("x", ",").split(","))
     except ValueError:
-        raise ValueError(f"shape must be M,K,N (three positive integers), got {text!r}") from None
+        raise ValueError(f"shape must be M,K,N or MxKxN (three positive integers), got {text!r}") from None
     if min(m, k, n) <= 0:
-        raise ValueError(f"shape must be M,K,N (three positive integers), got {text!r}")
+        raise ValueError(f"shape must be M,K,N or MxKxN (three positive integers), got {text!r}")
     return Shape(m, k, n)
+
+
+def shape_argument(text: str) -> Shape:
+    """:func:`parse_shape` as an ``argparse`` ``type=``: its ValueError as an ArgumentTypeError."""
+    import argparse
+
+    try:
+        return parse_shape(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None

@@ -41,11 +41,11 @@ def test_summary_ratios_are_per_repeat_and_failures_are_named():
 
 
 def test_shape_argument_is_checked():
-    assert gemm_tilings._shape("262144,512,128") == Shape(262144, 512, 128)
-    assert gemm_tilings._shape("4x5x6") == Shape(4, 5, 6)
+    assert gemm_tilings.shape_argument("262144,512,128") == Shape(262144, 512, 128)
+    assert gemm_tilings.shape_argument("4x5x6") == Shape(4, 5, 6)
     for bad in ("1,2", "a,b,c", "0,4,4"):
         with pytest.raises(argparse.ArgumentTypeError):
-            gemm_tilings._shape(bad)
+            gemm_tilings.shape_argument(bad)
 
 
 @pytest.mark.ref_mode  # on a GPU it would time them

@@ -102,9 +102,9 @@ def test_every_tiling_is_a_config_of_both_kernels():
 def test_shapes_argument_is_checked():
     import argparse
 
-    assert variants._shape("65536x1024x512") == Shape(65536, 1024, 512)
+    assert variants.shape_argument("65536x1024x512") == Shape(65536, 1024, 512)
     for bad in ("64x64", "axbxc", "0x8x8", "8x8x8x8"):
         with pytest.raises(argparse.ArgumentTypeError, match="MxKxN"):
-            variants._shape(bad)
+            variants.shape_argument(bad)
     with pytest.raises(ValueError, match="draws"):
         variants.main("unused.csv", shapes=[Shape(64, 64, 64)], draws=0)

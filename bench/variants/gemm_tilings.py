@@ -35,7 +35,7 @@ from helion_kernels.kernels import get_spec
 from helion_kernels.kernels.matmul import matmul_kernel
 from helion_kernels.spec import Shape
 from helion_kernels.timing import input_copies, time_ms
-from helion_kernels.workloads import parse_shape
+from helion_kernels.workloads import shape_argument
 
 CUBLAS, REGISTRY = "cublas_mm", "registry"
 
@@ -64,14 +64,6 @@ TILINGS = {
     "tma_256x128x64_w16_s4_f": _tma((256, 128, 64), 16, 4, flatten=True),
     "tma_128x128x64_w8_s4_f_x2": _tma((128, 128, 64), 8, 4, flatten=True, per_sm=2),
 }
-
-
-def _shape(text: str) -> Shape:
-    """``M,K,N`` (or ``MxKxN``) as a Shape (:func:`workloads.parse_shape`), for argparse."""
-    try:
-        return parse_shape(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _first_line(exc: Exception) -> str:
@@ -143,7 +135,7 @@ def summarise(shape: Shape, times: dict[str, list[float]], errors: dict, registr
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", type=_shape, default=Shape(262144, 512, 128), help="M,K,N (default 262144,512,128)")
+    p.add_argument("--shape", type=shape_argument, default=Shape(262144, 512, 128), help="M,K,N (default 262144,512,128)")
     p.add_argument("--repeats", type=int, default=3, help="balanced repeats (default %(default)s)")
     p.add_argument("--tilings", nargs="+", choices=list(TILINGS), default=list(TILINGS))
     p.add_argument("--out", type=Path, default=None, help="folder (default: bench/results/<gpu>/variants/)")

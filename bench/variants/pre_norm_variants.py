@@ -52,7 +52,7 @@ from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_given_rstd_kern
 from helion_kernels.spec import Shape, random_gemm_operands
 from helion_kernels.timing import time_ms
 from helion_kernels.verify import VerificationError, check_deterministic, check_outputs
-from helion_kernels.workloads import parse_shape
+from helion_kernels.workloads import shape_argument
 
 DRAWS = 2
 REPEATS = 30
@@ -233,17 +233,6 @@ def main(out_csv: str, shapes=(Shape(65536, 256, 256), Shape(65536, 1024, 1024))
     return df
 
 
-def _shape(text: str) -> Shape:
-    """``MxKxN`` (positive integers) as a Shape (:func:`workloads.parse_shape`), for argparse."""
-    import argparse
-
-    try:
-        return parse_shape(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not MxKxN with three positive integers, e.g. 65536x1024x1024") from None
-
-
 if __name__ == "__main__":
     import argparse
 
@@ -252,7 +241,7 @@ if __name__ == "__main__":
     ap.add_argument("--variants", nargs="+", default=None,
                     choices=["in_loop", "first_tile", "row_block", "prepass", "scale_only", "matmul"])
     ap.add_argument("--tilings", nargs="+", default=None, choices=list(TILINGS))
-    ap.add_argument("--shapes", nargs="+", type=_shape, default=[Shape(65536, 256, 256), Shape(65536, 1024, 1024)],
+    ap.add_argument("--shapes", nargs="+", type=shape_argument, default=[Shape(65536, 256, 256), Shape(65536, 1024, 1024)],
                     metavar="MxKxN")
     ap.add_argument("--draws", type=int, default=DRAWS, help="fresh random inputs per (shape, variant, tiling)")
     cli = ap.parse_args()
