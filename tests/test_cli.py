@@ -258,13 +258,23 @@ def test_cpu_report_names_a_training_decision_apart(capsys):
 
 
 @pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
-def test_cpu_report_marks_a_training_decision_carried_over_a_re_tune(capsys):
-    """The committed registry's full-row LayerNorm at 262144x128x512, re-tuned after its training
-    benchmark: the training record is the replaced config's, marked with a star and explained."""
+def test_cpu_report_marks_a_training_decision_carried_over_a_re_tune(capsys, registry_dir):
+    """The shipped full-row LayerNorm entry at 262144x128x512 (forward fused, training measured
+    unfused), re-tuned after its training benchmark: the report shows the training record carried
+    from the replaced config, marked with a star and explained."""
+    from helion_kernels.tuning import carried_training_record
+
+    shutil.copy(REPO / "configs" / "workloads" / "postnorm_fullrow.csv", registry_dir / "workloads")
+    gpu, shape = "nvidia_h200_sm90", Shape(262144, 128, 512)
+    shipped = registry.load_entries(REPO / "configs" / gpu / "matmul_layernorm.json")[(*shape, "bfloat16")]
+    assert shipped.meta["dispatch"]["choice"] == "fused"
+    assert shipped.meta[registry.TRAINING_DISPATCH]["choice"] == "unfused"
+    meta = {**shipped.meta, "tuned_at": "2030-01-01T00:00:00+00:00", **carried_training_record(shipped)}
+    registry.save_entry("matmul_layernorm", gpu, registry.Entry(shape, "bfloat16", shipped.config, meta))
     rc = main(["bench", "--kernel", "matmul_layernorm", "--workload", "postnorm_fullrow", "--where",
                "M == 262144 and K == 128 and N == 512"])
     out = capsys.readouterr().out
-    assert rc == 0 and re.search(r"262144 +128 +512 .* fused; training: unfused\* +ok", out)
+    assert rc == 0 and re.search(r"262144 +128 +512 .* fused; training: unfused\* +ok", out), out
     assert "*: measured before the entry's last re-tune" in " ".join(out.split())
     assert max(len(line) for line in out.splitlines()) <= 120
 
