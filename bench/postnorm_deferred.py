@@ -18,12 +18,14 @@ metric: 100% means the norm costs nothing. Every row is checked against an fp32 
 
 Run it from the checkout installed with ``pip install -e .`` (it imports ``helion_kernels``).
 
-Writes ``bench/results/<gpu>/matmul_rmsnorm_matmul_<workload>.{csv,md,json,png}``.
+Writes ``bench/results/<gpu>/matmul_rmsnorm_matmul_<workload>[_<where>].{csv,md,json,png}`` (a
+``--where`` run is named after its clause, so it never replaces the whole table).
 """
 
 from __future__ import annotations
 
 import functools
+import shlex
 import sys
 from pathlib import Path
 
@@ -31,7 +33,7 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from helion_kernels import fold_rmsnorm_weight, matmul_rmsnorm_matmul, registry, runtime
+from helion_kernels import fold_rmsnorm_weight, matmul_rmsnorm_matmul, registry, runtime, workloads
 from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
 from helion_kernels.kernels.postnorm_deferred import SPEC, matmul_rmsnorm_matmul_reference
 from helion_kernels.kernels.postnorm_full_row import _liger
@@ -111,6 +113,11 @@ def plot(df: pd.DataFrame, meta: dict, path) -> None:
     finish_plot(fig, axes, path)
 
 
+def results_stem(workload: str, where: str | None) -> str:
+    """The results' file name: the table's, and the ``--where`` clause's suffix on a partial run."""
+    return f"matmul_rmsnorm_matmul_{workload}{workloads.where_suffix(where)}"
+
+
 def main() -> int:
     args, table = workload_script_args(__doc__.splitlines()[0])
     device = torch.device("cuda")
@@ -121,9 +128,9 @@ def main() -> int:
         print(rows[-1], flush=True)
     meta = run_meta(device, ceilings, inputs="bf16, RMSNorm weight ~ 1 folded into c, eps 1e-5, N2 = K",
                     baselines="cuBLAS GEMM, inductor (torch.compile) or Liger RMSNorm, cuBLAS GEMM")
-    meta["command"] = " ".join(["python bench/postnorm_deferred.py", *sys.argv[1:]])
+    meta["command"] = shlex.join(["python", "bench/postnorm_deferred.py", *sys.argv[1:]])
     out_dir = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
-    paths = write_results(pd.DataFrame(rows), meta, out_dir, f"matmul_rmsnorm_matmul_{args.workload}", plot,
+    paths = write_results(pd.DataFrame(rows), meta, out_dir, results_stem(args.workload, args.where), plot,
                           notes=("`saved_vs_inductor_pct`: (t_cublas+inductor_norm+cublas - t_deferred) / "
                                  "t_inductor_norm; 100% = the norm is free",))
     print("wrote " + ", ".join(str(x) for x in paths))

@@ -332,10 +332,10 @@ def aim_bars(ax, values: pd.Series, labels: list[str], aim: float | None, aim_la
     shown = values.to_frame()
     shown.index = labels
     shown.plot.bar(ax=ax, width=0.6, legend=False)
-    if aim is not None:
-        ax.axhline(aim, color="r", lw=0.8, ls="--", label=aim_label)
-        ax.legend(fontsize=8)
     ax.axhline(baseline, color="k", lw=0.8)
+    if aim is not None:  # drawn over the baseline, which it may equal
+        ax.axhline(aim, color="r", lw=1.2, ls="--", label=aim_label)
+        ax.legend(fontsize=8)
     ax.set_ylabel(ylabel)
 
 

@@ -105,3 +105,14 @@ def test_plain_gemm_benchmark_reports_its_ratio_to_cublas(monkeypatch):
     assert row["helion_gemm_vs_cublas"] == pytest.approx(1.00)
     assert row["helion_gemm_vs_cublas_spread"] == pytest.approx(0.30)
     assert "fused_vs_helion_gemm" not in row
+
+
+def test_a_partial_deferred_run_never_replaces_the_whole_table():
+    """``bench/postnorm_deferred.py --where ...`` once wrote its one row over the 10-row table;
+    a partial run is named after its clause, as the other benchmarks' re-runs are."""
+    import postnorm_deferred  # bench/, on the path through conftest
+
+    whole = postnorm_deferred.results_stem("postnorm_split_n", None)
+    part = postnorm_deferred.results_stem("postnorm_split_n", "K == 512 and N == 2048")
+    assert whole == "matmul_rmsnorm_matmul_postnorm_split_n"
+    assert part == "matmul_rmsnorm_matmul_postnorm_split_n_K_512_and_N_2048"

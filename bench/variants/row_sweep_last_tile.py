@@ -9,7 +9,8 @@ against the fp32 reference. Run it from the checkout installed with ``pip instal
 
     python bench/variants/row_sweep_last_tile.py [--norm rmsnorm] [--where 'N <= 1024']
 
-Writes ``bench/results/<gpu>/variants/row_sweep_last_tile_<norm>.{csv,md,json,png}``.
+Writes ``bench/results/<gpu>/variants/row_sweep_last_tile_<norm>[_<where>].{csv,md,json,png}`` (a
+``--where`` run is named after its clause, so it never replaces the whole sweep).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import helion.language as hl
 import pandas as pd
 import torch
 
-from helion_kernels import registry
+from helion_kernels import registry, workloads
 from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
 from helion_kernels.kernels import postnorm_split_n as row_sweep
 from helion_kernels.spec import Shape
@@ -199,7 +200,7 @@ def main() -> int:
     meta["command"] = " ".join(["python bench/variants/row_sweep_last_tile.py --norm", args.norm, "--workload", args.workload]
                                + (["--where", shlex.quote(args.where)] if args.where else []))
     out_dir = args.out or Path(__file__).resolve().parent.parent / "results" / meta["gpu_key"] / "variants"
-    paths = write_results(pd.DataFrame(rows), meta, out_dir, f"row_sweep_last_tile_{args.norm}", plot,
+    paths = write_results(pd.DataFrame(rows), meta, out_dir, f"row_sweep_last_tile_{args.norm}{workloads.where_suffix(args.where)}", plot,
                           notes=("`last_tile_speedup` = shipped_ms / last_tile_ms on the same tiling",))
     print("wrote " + ", ".join(str(x) for x in paths))
     return 0
