@@ -128,7 +128,7 @@ def main() -> int:
         print(rows[-1], flush=True)
     meta = run_meta(device, ceilings, inputs="bf16, RMSNorm weight ~ 1 folded into c, eps 1e-5, N2 = K",
                     baselines="cuBLAS GEMM, inductor (torch.compile) or Liger RMSNorm, cuBLAS GEMM")
-    meta["command"] = shlex.join(["python", "bench/postnorm_deferred.py", *sys.argv[1:]])
+    meta["command"] = shlex.join(["python", "bench/postnorm_deferred.py", *sys.argv[1:]])  # quoted: re-runnable
     out_dir = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
     paths = write_results(pd.DataFrame(rows), meta, out_dir, results_stem(args.workload, args.where), plot,
                           notes=("`saved_vs_inductor_pct`: (t_cublas+inductor_norm+cublas - t_deferred) / "

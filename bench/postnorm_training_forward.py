@@ -39,6 +39,7 @@ Writes ``bench/results/<gpu>/<kernel>_training_forward_<workload>[_<where>].{csv
 from __future__ import annotations
 
 import functools
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -166,7 +167,7 @@ def main() -> int:
                     inputs="bf16, affine norm (LayerNorm weight and bias, RMSNorm weight), eps 1e-5",
                     baselines="cuBLAS GEMM writing h, then the inductor-compiled norm with its statistics",
                     column_order=BALANCED_ORDER)
-    meta["command"] = " ".join(["python bench/postnorm_training_forward.py", *sys.argv[1:]])
+    meta["command"] = shlex.join(["python", "bench/postnorm_training_forward.py", *sys.argv[1:]])  # quoted: re-runnable
     meta["timing"] += f"; every column timed in {args.repeats} repeats; the medians reported"
     out_dir = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
     stem = f"{args.kernel}_training_forward_{args.workload}{workloads.where_suffix(args.where)}"
