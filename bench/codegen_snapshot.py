@@ -1,0 +1,238 @@
+"""The Triton code Helion generates for every shipped registry entry, saved and compared.
+
+Evidence that a refactor of the kernels or of the code that resolves their configs leaves
+what runs on the GPU unchanged: for every entry of the shipped registry (every op, GPU and
+shape under ``configs/``), each call variant an op makes (optional tensors passed or not)
+and each build a call can use (the static one; the dynamic-M one for untuned M), the code
+of the config the runtime would resolve. Kernels outside the registry (the pinned GDPA
+configs, the deferred norm's consumer on ``matmul`` entries) are included too.
+
+    python bench/codegen_snapshot.py save DIR            # one .py per call, DIR/manifest.csv
+    python bench/codegen_snapshot.py compare BEFORE AFTER --out bench/results/cpu/codegen_comparison.csv
+
+``compare`` reads two saved folders (each written by the script of its own commit) and
+writes one row per call: ``identical`` (byte for byte), ``renamed`` (the same after kernel
+and argument names are replaced by placeholders), or ``differs`` with the changed lines.
+Runs on a CPU (no GPU, no interpret mode needed). Helion 1.5.0 refuses
+``host_tensor_descriptors`` off a CUDA sm_90 device, so that key is dropped where it is False
+(its default); entries where it is True are listed as ``gpu_only``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import hashlib
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+os.environ.pop("HELION_INTERPRET", None)  # code generation, not reference mode
+os.environ.pop("TRITON_INTERPRET", None)
+
+import helion  # noqa: E402
+from helion.runtime.settings import RefMode  # noqa: E402
+
+from helion_kernels import registry, runtime  # noqa: E402
+from helion_kernels.kernels import CATALOG, get_spec  # noqa: E402
+
+
+def _kernel(kernel, static: bool):
+    """``kernel``'s function as a build that generates code off reference mode."""
+    return helion.kernel(kernel.fn, static_shapes=static, ref_mode=RefMode.OFF)
+
+
+def _variants(name: str, args: tuple) -> dict[str, tuple]:
+    """The argument patterns the op passes to the kernel of ``name`` (from the tuning args)."""
+    if name in ("matmul_layernorm", "matmul_rmsnorm"):
+        a, b = args[0], args[1]
+        m, n = a.shape[0], b.shape[1]
+        eps_at = 4 if name == "matmul_layernorm" else 3
+        plain = (a, b, *(None,) * (eps_at - 2), args[eps_at])
+        addends = (b.new_empty(n), a.new_empty(m, n), a.new_empty(m, n))  # linear_bias, residual, product
+        return {"affine": args, "plain": plain, "affine+addends+product": (*args, *addends),
+                "plain+product": (*plain, None, None, a.new_empty(m, n))}
+    if name in ("matmul_layernorm_split_n", "matmul_rmsnorm_split_n"):
+        eps_at = 4 if name == "matmul_layernorm_split_n" else 3
+        return {"affine": args, "plain": (args[0], args[1], *(None,) * (eps_at - 2), args[eps_at])}
+    if name == "flash_norm_attention":
+        q = args[0]
+        saved = (torch.empty_like(q), q.new_empty(3, q.shape[0], dtype=torch.float32))
+        return {"forward": args, "forward+saved": (*args, *saved)}
+    return {"call": args}
+
+
+def _entry_config(spec, entry, args, source: str):
+    """The config the runtime gives a call resolved to ``entry`` as ``source``."""
+    return runtime.resolve_entry(spec, registry.Lookup(source, entry, None), args)
+
+
+def calls(only=None):
+    """(gpu, op, key, build, variant, kernel, args, config) for every call to snapshot
+    (``only``: the ops whose names contain one of these strings)."""
+    for gpu in registry.known_gpus():
+        for name in sorted(CATALOG):
+            if only and not any(part in name for part in only):
+                continue
+            spec = get_spec(name)
+            entries = registry.entries_for(name, gpu)
+            for (*key, dtype), entry in sorted(entries.items(), key=lambda kv: str(kv[0])):
+                problem = entry.shape if spec.workload == "gemm" else _attention_row(entry.shape)
+                args = spec.make_args(problem, getattr(torch, dtype), "cpu", None)
+                static = spec.kernel.settings.static_shapes
+                builds = [("static" if static else "dynamic", static, "exact")]
+                if spec.dynamic_m:  # untuned M >= 2 runs the dynamic build on the nearest entry's config
+                    builds.append(("dynamic-M", False, "nearest"))
+                for variant, vargs in _variants(name, args).items():
+                    for build, static, source in builds:
+                        yield (gpu, name, f"{entry.shape} {dtype}", build, variant, _kernel(spec.kernel, static),
+                               vargs, _entry_config(spec, entry, vargs, source))
+                if name == "matmul_rmsnorm_matmul":
+                    yield from _consumer(gpu, entry, args)
+    if not only or any(part in "gdpa" for part in only):
+        yield from _pinned()
+
+
+def _attention_row(shape):
+    from helion_kernels.spec import AttentionRow
+
+    return AttentionRow(batch=2, H=shape.H, D=shape.D, max_seq_len_q=16, seq_len_kv=16, fill=0.5, seed=0)
+
+
+def _consumer(gpu: str, entry, producer_args):
+    """The deferred norm's second kernel at (M, N, N2 = K), on its ``matmul``-derived config."""
+    from helion_kernels.kernels import postnorm_deferred as deferred
+
+    a, b = producer_args
+    m, n, k = a.shape[0], b.shape[1], a.shape[1]
+    x, c = a.new_empty(m, n), a.new_empty(n, k)
+    partials = torch.empty(m, 8, dtype=torch.float32)
+    found = registry.lookup("matmul", registry.Shape(m, n, k), entry.dtype, gpu, warn=False)
+    config = deferred.consumer_config(None if found.entry is None else found.entry.config)
+    yield (gpu, "matmul_rmsnorm_matmul:consumer", f"{entry.shape} {entry.dtype}", "static", "call",
+           _kernel(deferred.rmsnorm_scaled_matmul_kernel, True), (x, c, partials, 1e-5), config)
+
+
+def _pinned():
+    """The GDPA forward and backward kernels on the configs pinned on them."""
+    from helion_kernels.kernels import gdpa, gdpa_backward
+
+    q = torch.empty(32, 2, 128, dtype=torch.bfloat16)
+    offsets = torch.tensor([0, 16, 32])
+    fwd = (q, q, q, offsets, offsets, 16, 1.0, 0)
+    yield ("pinned", "gdpa", "H2xD128 bfloat16", "dynamic", "call", _kernel(gdpa.gdpa_kernel, False), fwd,
+           gdpa.GDPA_CONFIG)
+    dq_args = (q, q, q, q, offsets, offsets, 16, 1.0, 0)
+    for kernel, config in ((gdpa_backward.gdpa_dq_kernel, gdpa_backward.DQ_CONFIG),
+                           (gdpa_backward.gdpa_dkdv_kernel, gdpa_backward.DKDV_CONFIG)):
+        yield ("pinned", kernel.name, "H2xD128 bfloat16", "dynamic", "call", _kernel(kernel, False),
+               _dq_args(kernel, dq_args), config)
+
+
+def _dq_args(kernel, args):
+    import inspect
+
+    n = len(inspect.signature(kernel.fn).parameters)
+    return args[:n]
+
+
+def _slug(*parts) -> str:
+    return re.sub(r"[^A-Za-z0-9_.+-]+", "_", "__".join(map(str, parts)))
+
+
+def save(out: Path, only=None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    rows, start = [], time.time()
+    for gpu, op, key, build, variant, kernel, args, config in calls(only):
+        path = out / _slug(gpu, op, key, build, variant)
+        path = path.with_name(path.name + ".py")
+        row = {"gpu": gpu, "op": op, "key": key, "build": build, "variant": variant, "file": path.name,
+               "config": repr(config)}
+        try:
+            bound = kernel.bind(args)
+            gpu_only = bound.config_spec.unsupported_config_keys(config.config)
+            if config.config.get("host_tensor_descriptors"):
+                row["status"] = "gpu_only"
+            config = helion.Config(**{k: v for k, v in config.config.items() if k not in gpu_only})
+            code = bound.to_triton_code(config)
+            path.write_text(code)
+            row["sha256"] = hashlib.sha256(code.encode()).hexdigest()[:16]
+            row.setdefault("status", "ok")
+        except Exception as err:  # record, go on
+            row["status"] = f"error: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        rows.append(row)
+        print(f"[{time.time() - start:6.0f} s] {row['status'][:40]:10} {gpu} {op} {key} {build} {variant}",
+              flush=True)
+    pd.DataFrame(rows).to_csv(out / "manifest.csv", index=False)
+    print(f"{len(rows)} calls in {time.time() - start:.0f} s -> {out}")
+
+
+_NAMES = re.compile(r"\b(_helion_\w+|\w+_kernel|_launcher)\b")
+
+
+def normalised(code: str) -> str:
+    """``code`` with kernel and function names replaced by one placeholder, and the argument
+    names of the Triton kernel and its host wrapper by their positions."""
+    code = _NAMES.sub("KERNEL", code)
+    return code
+
+
+def compare(before: Path, after: Path, out: Path) -> pd.DataFrame:
+    b = pd.read_csv(before / "manifest.csv")
+    a = pd.read_csv(after / "manifest.csv")
+    keys = ["gpu", "op", "key", "build", "variant"]
+    merged = b.merge(a, on=keys, how="outer", suffixes=("_before", "_after"), indicator=True)
+    rows = []
+    for _, r in merged.iterrows():
+        row = {k: r[k] for k in keys}
+        if r["_merge"] != "both":
+            row.update(result=f"only {'before' if r['_merge'] == 'left_only' else 'after'}", changed_lines="")
+        elif r["status_before"] not in ("ok", "gpu_only") or r["status_after"] not in ("ok", "gpu_only"):
+            same = r["status_before"] == r["status_after"]
+            row.update(result="same error" if same else "error", changed_lines=f"{r['status_before']} | {r['status_after']}")
+        else:
+            old = (before / r["file_before"]).read_text()
+            new = (after / r["file_after"]).read_text()
+            if old == new:
+                row.update(result="identical", changed_lines="")
+            elif normalised(old) == normalised(new):
+                row.update(result="renamed", changed_lines="")
+            else:
+                diff = [line for line in difflib.unified_diff(normalised(old).splitlines(),
+                                                              normalised(new).splitlines(), lineterm="", n=0)
+                        if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+                row.update(result="differs", changed_lines=" | ".join(line.strip() for line in diff)[:2000])
+        row["status"] = r.get("status_after", "")
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out, index=False)
+    print(df.groupby(["op", "result"]).size().to_string())
+    return df
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("save", help="generate and save the code of every call")
+    s.add_argument("dir", type=Path)
+    s.add_argument("--only", nargs="+", help="ops whose names contain one of these (default: all)")
+    c = sub.add_parser("compare", help="compare two saved folders")
+    c.add_argument("before", type=Path)
+    c.add_argument("after", type=Path)
+    c.add_argument("--out", type=Path, default=Path("bench/results/cpu/codegen_comparison.csv"))
+    args = parser.parse_args(argv)
+    if args.cmd == "save":
+        save(args.dir, args.only)
+    else:
+        compare(args.before, args.after, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
