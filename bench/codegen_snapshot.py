@@ -11,8 +11,10 @@ configs, the deferred norm's consumer on ``matmul`` entries) are included too.
     python bench/codegen_snapshot.py compare BEFORE AFTER --out bench/results/cpu/codegen_comparison.csv
 
 ``compare`` reads two saved folders (each written by the script of its own commit) and
-writes one row per call: ``identical`` (byte for byte), ``renamed`` (the same after kernel
-and argument names are replaced by placeholders), or ``differs`` with the changed lines.
+writes one row per call: ``identical`` (byte for byte); ``same code`` (the same once
+comments and docstrings, which cite source lines, are dropped and kernel names replaced by a
+placeholder); ``same kernel`` (the ``@triton.jit`` code the same so; the host function that
+allocates the outputs and launches differs, its changed lines listed); or ``differs``.
 Runs on a CPU (no GPU, no interpret mode needed). Helion 1.5.0 refuses
 ``host_tensor_descriptors`` off a CUDA sm_90 device, so that key is dropped where it is False
 (its default); entries where it is True are listed as ``gpu_only``.
@@ -172,14 +174,28 @@ def save(out: Path, only=None) -> None:
     print(f"{len(rows)} calls in {time.time() - start:.0f} s -> {out}")
 
 
-_NAMES = re.compile(r"\b(_helion_\w+|\w+_kernel|_launcher)\b")
+_NAMES = re.compile(r"\b(_helion_\w+|\w+_kernel)\b")
+_DOCSTRING = re.compile(r'^\s*"""[\s\S]*?"""\n', re.MULTILINE)
 
 
 def normalised(code: str) -> str:
-    """``code`` with kernel and function names replaced by one placeholder, and the argument
-    names of the Triton kernel and its host wrapper by their positions."""
-    code = _NAMES.sub("KERNEL", code)
-    return code
+    """``code`` without comments and docstrings (they cite source lines), kernel and host
+    function names replaced by one placeholder."""
+    code = _DOCSTRING.sub("", code)
+    lines = [line for line in code.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return _NAMES.sub("KERNEL", "\n".join(lines))
+
+
+def split(code: str) -> tuple[str, str]:
+    """(the ``@triton.jit`` kernels, the host function) of normalised generated code; the
+    module's imports (which name the kernel's source module) belong to neither."""
+    start, host = code.find("@triton.jit"), code.rfind("\ndef KERNEL(")
+    return code[start:host], code[host:]
+
+
+def _changed(old: str, new: str) -> str:
+    diff = difflib.unified_diff(old.splitlines(), new.splitlines(), lineterm="", n=0)
+    return " | ".join(line.strip() for line in diff if line[:1] in "+-" and not line.startswith(("+++", "---")))
 
 
 def compare(before: Path, after: Path, out: Path) -> pd.DataFrame:
@@ -198,15 +214,15 @@ def compare(before: Path, after: Path, out: Path) -> pd.DataFrame:
         else:
             old = (before / r["file_before"]).read_text()
             new = (after / r["file_after"]).read_text()
+            (old_kernel, old_host), (new_kernel, new_host) = split(normalised(old)), split(normalised(new))
             if old == new:
                 row.update(result="identical", changed_lines="")
-            elif normalised(old) == normalised(new):
-                row.update(result="renamed", changed_lines="")
+            elif old_kernel == new_kernel and old_host == new_host:
+                row.update(result="same code", changed_lines="")
+            elif old_kernel == new_kernel:
+                row.update(result="same kernel", changed_lines="host: " + _changed(old_host, new_host)[:2000])
             else:
-                diff = [line for line in difflib.unified_diff(normalised(old).splitlines(),
-                                                              normalised(new).splitlines(), lineterm="", n=0)
-                        if line[:1] in "+-" and not line.startswith(("+++", "---"))]
-                row.update(result="differs", changed_lines=" | ".join(line.strip() for line in diff)[:2000])
+                row.update(result="differs", changed_lines=_changed(normalised(old), normalised(new))[:2000])
         row["status"] = r.get("status_after", "")
         rows.append(row)
     df = pd.DataFrame(rows)

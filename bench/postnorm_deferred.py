@@ -65,7 +65,7 @@ def bench_row(m: int, k: int, n: int, dtype: torch.dtype, device) -> dict:
     ref = matmul_rmsnorm_matmul_reference(a, b, c, w, EPS)
     out["rel_error"] = check_outputs(matmul_rmsnorm_matmul(a, b, c, w, EPS, fused=True), ref, dtype)
     del ref
-    out["dispatch"] = "fused" if runtime.registry_choice(SPEC, (a, b)) else "unfused"
+    out["dispatch"] = "fused" if runtime.decide(SPEC, (a, b)).fused else "unfused"
     candidates = {
         "deferred": [functools.partial(matmul_rmsnorm_matmul, a_, b_, cf, None, EPS, fused=True)
                      for a_, b_, cf in folded],

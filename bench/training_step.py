@@ -103,13 +103,14 @@ def _peak_mib(fn) -> float:
 
 def _paths(layer: str, fused: nn.Module, x: torch.Tensor) -> tuple[str, str]:
     """(forward path, backward path) the fused module takes at this shape, as the ops decide."""
-    from helion_kernels.kernels import postnorm_full_row
-    from helion_kernels.ops import postnorm, prenorm
+    from helion_kernels import runtime
+    from helion_kernels.kernels import postnorm_full_row, rmsnorm_matmul, rmsnorm_matmul_backward
 
     w = fused.linear.weight.detach()
     if layer == "rmsnorm_linear":
         args = (x.detach(), w.t(), 1e-5)
-        forward, backward = prenorm.use_fused(args), prenorm.use_fused_backward(args, None)
+        forward, backward = (runtime.decide(rmsnorm_matmul.SPEC, args).fused,
+                             runtime.decide(rmsnorm_matmul_backward.SPEC, args).fused)
         if not forward:  # the backward keeps the unfused forward's x_hat
             return ("inductor norm + cuBLAS",
                     "inductor norm backward (writes dA only) + cuBLAS GEMMs (wgrad on the kept x_hat)")
@@ -117,7 +118,7 @@ def _paths(layer: str, fused: nn.Module, x: torch.Tensor) -> tuple[str, str]:
                                 "cuBLAS GEMMs + inductor norm backward (writes x_hat)")
     spec = postnorm_full_row.SPEC_LAYERNORM if layer == "linear_layernorm" else postnorm_full_row.SPEC_RMSNORM
     params = (fused.norm.weight, fused.norm.bias) if layer == "linear_layernorm" else (fused.norm.weight,)
-    forward = postnorm.use_fused(spec, (x.detach(), w.t(), *params, 1e-5), training=True)  # autograd records it
+    forward = runtime.decide(spec, (x.detach(), w.t(), *params, 1e-5), training=True).fused  # autograd records it
     return (("fused kernel" if forward else "cuBLAS + inductor norm") + " (writes the norm input)",
             "inductor norm backward on the kept norm input + cuBLAS GEMMs")
 

@@ -34,7 +34,6 @@ from helion.runtime.ref_mode import RefMode
 
 from . import registry, runtime
 from .kernels import get_spec
-from .ops.dispatch import has_n_limit, use_fused
 from .spec import KernelSpec, Problem
 from .timing import Ceilings, input_copies, measure_ceilings, time_ms
 from .tuning import tuning_problems, versions
@@ -156,9 +155,10 @@ def bench_problem(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device
     if spec.dispatch_baseline is not None:
         # What the public op runs at this shape: the registry's recorded choice.
         # (Where the kernel is one launch of the op, the op's time against its unfused pipeline.)
-        chosen = use_fused(spec, arg_sets[0])
+        decision = runtime.decide(spec, arg_sets[0])
+        chosen = decision.fused
         # the unfused pipeline the entry names (Liger's norm where it measured faster), where timed
-        path = runtime.unfused_pipeline(spec, arg_sets[0]) if spec.dispatch_alternatives else None
+        path = decision.pipeline if spec.dispatch_alternatives else None
         path = path if path in times else spec.dispatch_baseline
         row["dispatch"] = registry.dispatch_text({"choice": "fused" if chosen else "unfused", "unfused": path})
         row["dispatched_ms"] = times.get("fused_op", fused) if chosen else times[path]
@@ -396,16 +396,16 @@ def cpu_report(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype) ->
 
 
 def _dispatch(spec: KernelSpec, shape, dtype: torch.dtype, found: registry.Lookup) -> str:
-    """What a GEMM + norm op runs at ``shape`` by the registry (as :func:`~.ops.use_fused`,
+    """What a GEMM + norm op runs at ``shape`` by the registry (:func:`~.runtime.registry_decision`,
     without a device: the H100/H200 shared memory for the full-row N limit)."""
-    limit = spec.n_limit(dtype, "cpu") if has_n_limit(spec) else None
+    limit = spec.n_limit(dtype, "cpu") if spec.n_limit is not None else None
     if limit is not None and shape.N > limit:
         return f"unfused (N > {limit})"
     if found.entry is None:
         return "unfused (no entry)"
-    text = registry.dispatch_text(found.entry.meta.get("dispatch", {}))
+    text = registry.dispatch_text(runtime.registry_decision(spec, found, shape).record)
     training = found.entry.meta.get(registry.TRAINING_DISPATCH)
     if training is None:
         return text
     carried = "*" if registry.MEASURED_CONFIG in training else ""  # measured with the replaced config
-    return f"{text}; training: {registry.dispatch_text(training)}{carried}"
+    return f"{text}; training: {registry.dispatch_text(runtime.registry_decision(spec, found, shape, True).record)}{carried}"

@@ -45,10 +45,10 @@ def flag(op: str, name: str, x) -> bool:
 
 def same_device(op: str, *tensors: torch.Tensor) -> torch.device:
     """The one device of ``tensors``; ValueError if they are on several, or on ``meta``."""
-    devices = {t.device for t in tensors}
-    if len(devices) != 1:
-        raise ValueError(f"{op}: all tensors must be on one device, got {sorted(map(str, devices))}")
-    (device,) = devices
+    device = tensors[0].device
+    if any(t.device != device for t in tensors[1:]):
+        raise ValueError(f"{op}: all tensors must be on one device, got "
+                         f"{sorted({str(t.device) for t in tensors})}")
     if device.type == "meta":
         raise ValueError(f"{op}: meta tensors hold no data; pass CUDA tensors")
     return device
@@ -89,11 +89,12 @@ def norm_params(op: str, a: torch.Tensor, n: int, eps, dim: str = "N", **params)
             continue
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor or None, got {type(t).__name__}")
-        if tuple(t.shape) != (n,):
+        if t.shape != (n,):
             raise ValueError(f"{op}: {name} must have shape [{dim}] = ({n},), got {tuple(t.shape)}")
         if not t.is_floating_point():
             raise TypeError(f"{op}: {name} must be floating point, got {t.dtype}")
-        same_device(op, a, t)
+        if t.device != a.device:
+            same_device(op, a, t)
     return finite(op, "eps", eps, minimum=0.0)
 
 

@@ -1,22 +1,24 @@
-"""Launching kernels: bind a Helion kernel to a call's arguments, resolve its config from the
-registry (exact / nearest / default), cache the compiled kernel, launch.
+"""Running the kernels: the one fused-or-unfused decision, config resolution, launch.
 
-The bound, compiled kernel is cached per specialization (shapes, strides, dtypes, device),
-so the registry is read once per shape per process: configs tuned by another process are
-seen after :func:`clear_cache` or a restart. A spec with ``dynamic_m`` runs a shape that is
-not tuned exactly, with M >= 2, on its kernel's dynamic-shape build (:func:`dynamic_build`,
-:func:`uses_dynamic_build`), compiled once per config, so a new M costs a registry lookup
-rather than a compile. In Helion's reference mode (``HELION_INTERPRET=1``) configs do not
-apply and the kernel runs eagerly.
+* :func:`decide` chooses a call's path (fused kernel, or which unfused pipeline) from the
+  registry record of its shape; every op, the benchmark and the CPU report ask it.
+* :func:`launch` runs a spec's kernel. A repeated call with the same signature (shapes,
+  strides, dtypes, device, scalar values) is one dictionary lookup and a call of the host
+  function Helion generated for the bound kernel and its config: no file is read, no device
+  queried, no Helion specialisation recomputed (Triton still takes the current stream and
+  its own pointer-alignment key per launch). The first call of a signature resolves the
+  config (registry: exact, nearest or default), binds and compiles.
+* Configs tuned by another process are seen by a new process or after :func:`clear_cache`.
 
-Kernel modules are imported by their first launch (through :class:`LazyModule`), not with
-the package: ``import helion`` takes seconds, and a model that imports helion_kernels but
-runs unfused should not pay for it.
+A spec with ``dynamic_m`` runs a shape not tuned exactly, with M >= 2, on its kernel's
+dynamic-shape build (compiled once per config, not per M). In Helion's reference mode
+(``HELION_INTERPRET=1``) configs do not apply and the kernel runs eagerly.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import os
 import types
@@ -31,7 +33,7 @@ from .spec import KernelSpec
 
 
 class LazyModule(types.ModuleType):
-    """A module imported on first attribute access (``importlib.import_module``)."""
+    """A module imported on first attribute access (``import helion`` takes seconds)."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
@@ -65,22 +67,57 @@ class Resolved:
     entry: registry.Entry | None
 
 
-# (spec name, specialization) -> (compiled BoundKernel, Resolved)
-_BOUND: dict[tuple, tuple[Any, Resolved]] = {}
-# keys of _BOUND launched once (the GPU accepted their config)
-_LAUNCHED: set[tuple] = set()
-# a config refused at one call (_shrink_key) -> the smaller one that launched; a key of _BOUND
-# whose config was shrunk (here or at another M) -> the config its registry lookup gave
-_SMALLER: dict[tuple, Any] = {}
-_ORIGINAL: dict[tuple, Any] = {}
-# (kernel name, specialization) -> compiled BoundKernel, for kernels run outside a spec
-_KERNEL_BOUND: dict[tuple, Any] = {}
-# (spec name, key, dtype, gpu) -> the registry's decision for such calls (_Decision)
-_FUSED_CHOICE: dict[tuple, "_Decision"] = {}
-# spec name -> the kernel's dynamic-shape build (KernelSpec.dynamic_m)
-_DYNAMIC_BUILDS: dict[str, Any] = {}
-# fallback warnings already given for a dynamic_m spec: (kind, spec name, key without M, dtype, gpu)
-_WARNED: set[tuple] = set()
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """A call's path: the fused kernel, or the unfused ``pipeline`` (a key of the benchmark's
+    baselines, e.g. ``"cublas+liger_norm"``; None: the op's default, cuBLAS + the compiled norm)."""
+
+    fused: bool
+    pipeline: str | None = None
+    record: dict | None = dataclasses.field(default=None, compare=False)  # the registry record followed
+    followed: registry.Entry | None = dataclasses.field(default=None, compare=False)  # a nearest entry
+
+
+@dataclasses.dataclass(frozen=True)
+class _Launch:
+    run: Callable  # the compiled host function (or a stand-in the tests put there)
+    resolved: Resolved
+
+
+# The caches, all cleared by clear_cache(). Keys hold M, so the first two are bounded.
+_LAUNCHES: dict[tuple, _Launch] = {}  # call signature -> what launched for it
+_DECISIONS: dict[tuple, Decision] = {}  # (spec, flags, shapes, dtype, device) -> decision
+_SHRUNK: dict[tuple, Any] = {}  # a config refused for shared memory (_shrink_key) -> the one that launched
+_WARNED: set[tuple] = set()  # fallback warnings given once per shape apart from M
+_MAX_ENTRIES = 4096  # a long run with a new M every step must not grow without bound
+
+
+def _store(cache: dict, key, value):
+    if len(cache) >= _MAX_ENTRIES:
+        cache.clear()
+    cache[key] = value
+    return value
+
+
+def _signature(name, args: tuple) -> tuple | None:
+    """What a compiled kernel is specialised on, and more: each tensor's dtype, shape and
+    strides, the device, the other arguments' values (floats by type); None where an
+    argument is not a plain tensor or scalar (no caching)."""
+    sig = [name, args[0].device]
+    for t in args:
+        kind = type(t)
+        if kind is _TENSOR or kind is _PARAMETER:
+            sig.append((t.dtype, t.shape, t.stride()))
+        elif kind is float:
+            sig.append(float)
+        elif t is None or kind is int or kind is bool or kind is str:
+            sig.append(t)
+        else:
+            return None
+    return tuple(sig)
+
+
+_TENSOR, _PARAMETER = torch.Tensor, torch.nn.Parameter
 
 
 def _helion_config(config: dict):
@@ -104,10 +141,9 @@ def resolve_entry(spec: KernelSpec, found: registry.Lookup, args: tuple):
     return config
 
 
-def _first_warning(what: str, spec: KernelSpec, key: tuple, dtype: torch.dtype, gpu: str) -> bool:
-    """Whether a fallback warning of ``what`` kind for this call is the first of its kind:
-    once per shape, or, for a ``dynamic_m`` spec, once per shape apart from M (a training
-    run with a new token count every step would otherwise warn every step)."""
+def _first_warning(what: str, spec: KernelSpec, key: tuple, dtype, gpu: str) -> bool:
+    """Whether a fallback warning of ``what`` kind is the first of its kind: once per shape,
+    or for a ``dynamic_m`` spec once per shape apart from M (a new token count every step)."""
     if not spec.dynamic_m:
         return True
     seen = (what, spec.name, tuple(key)[1:], dtype, gpu)
@@ -126,276 +162,266 @@ def resolve(spec: KernelSpec, args: tuple, warn: bool = True) -> Resolved:
     return Resolved(resolve_entry(spec, found, args), found.source, found.entry)
 
 
+@functools.cache
+def _dynamic_build(kernel):
+    import helion  # already imported by the kernel module that is being launched
+
+    return helion.kernel(kernel.fn, static_shapes=False)
+
+
 def dynamic_build(spec: KernelSpec):
     """``spec.kernel``'s function compiled with dynamic shapes (``static_shapes=False``):
-    Helion binds one kernel for every size >= 2 of each dimension (sizes 0 and 1, and the
-    layouts its code assumed, get their own), so a config compiles once for every M."""
-    kernel = _DYNAMIC_BUILDS.get(spec.name)
-    if kernel is None:
-        import helion  # already imported by the kernel module that is being launched
-
-        kernel = _DYNAMIC_BUILDS[spec.name] = helion.kernel(spec.kernel.fn, static_shapes=False)
-    return kernel
+    one bound kernel for every size >= 2 of each dimension, so a config compiles once for
+    every M."""
+    return _dynamic_build(spec.kernel)
 
 
 def uses_dynamic_build(spec: KernelSpec, args: tuple, source: str) -> bool:
     """Whether a call runs :func:`dynamic_build`: a ``dynamic_m`` spec at a shape not tuned
-    exactly, with M >= 2. Helion 1.5's dynamic build treats a dimension of size 1 as a
-    broadcast and drops the row mask on stores into it (seen on the H200: the full-row
-    kernels' [1, N] ``product`` buffer received every row of the tile, the zero rows past M
-    included), and a size-1 M is compiled once in either build, so M = 1 keeps the static one."""
+    exactly, with M >= 2 (Helion 1.5's dynamic build treats a size-1 dimension as a
+    broadcast and drops the row mask on stores into it, so M = 1 keeps the static build)."""
     return spec.dynamic_m and source != "exact" and int(args[0].shape[0]) >= 2
 
 
-def _bound_key(spec: KernelSpec, args: tuple) -> tuple:
-    return (spec.name, spec.kernel.specialization_key(args))
+def _build(spec: KernelSpec, args: tuple, source: str):
+    return dynamic_build(spec) if uses_dynamic_build(spec, args, source) else spec.kernel
 
 
-def _compiled(spec: KernelSpec, args: tuple, resolved: Resolved):
-    """``spec.kernel`` bound to ``args`` with ``resolved.config``: the dynamic-shape build
-    where :func:`uses_dynamic_build`, compiled once per config (Helion caches it on the bound
-    kernel), not per M; else the static one."""
-    if uses_dynamic_build(spec, args, resolved.source):
-        return dynamic_build(spec).bind(args).compile_config(resolved.config)
-    run = spec.kernel.bind(args)
-    run.set_config(resolved.config)
-    return run
+def _bound(spec: KernelSpec, args: tuple):
+    """(bound kernel, resolved config) of a call: the build and config :func:`launch` runs."""
+    resolved = resolved_config(spec, args)
+    return _build(spec, args, resolved.source).bind(args), resolved
 
 
-def _bound(spec: KernelSpec, args: tuple, key: tuple | None = None) -> tuple[Any, Resolved]:
-    """The compiled kernel and resolved config for ``args`` (``key``: their :func:`_bound_key`,
-    where the caller has it), bound and cached on the first call."""
-    key = _bound_key(spec, args) if key is None else key
-    hit = _BOUND.get(key)
-    if hit is None:
-        resolved = resolve(spec, args)
-        smaller = _SMALLER.get(_shrink_key(spec, args, resolved.config))
-        if smaller is not None:  # refused at another M: start from the config that launched there
-            _ORIGINAL[key] = resolved.config
-            resolved = dataclasses.replace(resolved, config=smaller)
-        hit = _BOUND[key] = (_compiled(spec, args, resolved), resolved)
-    return hit
+def _compiled(spec: KernelSpec, args: tuple, resolved: Resolved) -> Callable:
+    """The host function Helion generated for ``args`` and ``resolved.config`` (compiled once
+    per config and build; Helion caches both)."""
+    return _build(spec, args, resolved.source).bind(args).compile_config(resolved.config)
+
+
+def _resolved(spec: KernelSpec, args: tuple) -> Resolved:
+    """:func:`resolve`, with a config the GPU refused before (at another M) replaced by the
+    smaller one that launched then."""
+    resolved = resolve(spec, args)
+    smaller = _SHRUNK.get(_shrink_key(spec, args, resolved.config))
+    return resolved if smaller is None else dataclasses.replace(resolved, config=smaller)
 
 
 def resolved_config(spec: KernelSpec, args: tuple) -> Resolved:
-    """The config :func:`launch` uses for ``args`` (compiling the kernel if needed; in
-    reference mode, where configs do not apply, the registry's answer alone)."""
+    """The config :func:`launch` uses for ``args`` (in reference mode, where configs do not
+    apply, the registry's answer)."""
     if reference_mode(spec.kernel):
         return resolve(spec, args)
-    return _bound(spec, args)[1]
+    hit = _LAUNCHES.get(_signature(spec.name, args))
+    return hit.resolved if hit is not None else _resolved(spec, args)
 
 
+@functools.cache
 def reference_mode(kernel) -> bool:
     """Whether ``kernel`` runs in Helion's reference mode (eager, configs ignored; fixed when
-    the kernel is defined, so asked once per kernel); if so, torch's CPU build gets the dot
-    kernels that mode needs (:mod:`.kernels.cpu_reference_mode`)."""
-    found = _REFERENCE_MODE.get(kernel)
-    if found is None:
-        from helion.runtime.ref_mode import is_ref_mode_enabled  # Helion is imported by now
+    the kernel is defined); if so, torch's CPU build gets the dot kernels that mode needs."""
+    from helion.runtime.ref_mode import is_ref_mode_enabled  # Helion is imported by now
 
-        found = _REFERENCE_MODE[kernel] = is_ref_mode_enabled(kernel.settings)
-        if found:
-            cpu_reference_mode.install()
+    found = is_ref_mode_enabled(kernel.settings)
+    if found:
+        cpu_reference_mode.install()
     return found
-
-
-_REFERENCE_MODE: dict[Any, bool] = {}
 
 
 def launch(spec: KernelSpec, args: tuple):
     """Run ``spec.kernel`` on already-validated ``args`` with its registry config.
 
     The config is the registry's exact entry for the shape, else the nearest tuned shape's,
-    else the kernel's default (both with a ``ConfigFallbackWarning``, once per shape and
-    process); in reference mode the kernel runs eagerly. Where the GPU refuses the first
-    launch of a specialization for want of shared memory (Triton's ``OutOfResources``: a
-    call that adds a store to the tuned kernel, such as the full-row kernels' ``product``,
-    can need more than the tuned config did), the spec's ``smaller_config`` steps are taken
-    until one launches, with a ``ConfigFallbackWarning``.
+    else the kernel's default (both with a ``ConfigFallbackWarning``, once per shape). Where
+    the GPU refuses the first launch of a signature for want of shared memory (a call that
+    adds a store to the tuned kernel can need more than the tuned config did), the spec's
+    ``smaller_config`` steps are taken until one launches, with a ``ConfigFallbackWarning``.
     """
+    key = _signature(spec.name, args)
+    hit = _LAUNCHES.get(key)
+    if hit is not None:
+        return hit.run(*args)
     if reference_mode(spec.kernel):
         return spec.kernel(*args)
-    key = _bound_key(spec, args)
-    run = _bound(spec, args, key)[0]
-    if key in _LAUNCHED:
-        return run(*args)
     from triton.runtime.errors import OutOfResources
 
+    resolved = _resolved(spec, args)
+    original = resolved.config
     while True:
+        run = _compiled(spec, args, resolved)
         try:
             out = run(*args)
         except OutOfResources as err:
             if getattr(err, "name", None) != "shared memory":
                 raise
-            run = _rebind_smaller(spec, args, key, err)
+            resolved = _smaller(spec, args, resolved, original, err)
             continue
-        _LAUNCHED.add(key)
+        if key is not None:
+            _store(_LAUNCHES, key, _Launch(run, resolved))
         return out
 
 
 def _shrink_key(spec: KernelSpec, args: tuple, config) -> tuple:
     """What decides whether a config fits a block's shared memory: the spec, the config, the
-    call's key but for M (a new token count needs no new attempt), dtype, and which optional
-    tensors the call passes (an added store needs more)."""
+    call's key but for M, dtype, and which optional tensors the call passes."""
     return (spec.name, repr(config), tuple(spec.key_of(args))[1:], args[0].dtype,
             tuple(isinstance(t, torch.Tensor) for t in args))
 
 
-def _rebind_smaller(spec: KernelSpec, args: tuple, key: tuple, err: Exception):
-    """The bound kernel of ``key`` again with ``spec.smaller_config`` of its config (cached
-    in its place and remembered for other M, :data:`_SMALLER`), warning once per shape apart
-    from M; ``err`` re-raised where there is no smaller config."""
-    resolved = _BOUND[key][1]
+def _smaller(spec: KernelSpec, args: tuple, resolved: Resolved, original, err: Exception) -> Resolved:
+    """``resolved`` with ``spec.smaller_config`` of its config, remembered for other M and
+    warned once per shape apart from M; ``err`` re-raised where there is none."""
     smaller = None if spec.smaller_config is None else spec.smaller_config(resolved.config)
     if smaller is None or repr(smaller) == repr(resolved.config):
         raise err
-    first_shrink = key not in _ORIGINAL  # else shrunk (and warned) before, here or at another M
-    original = _ORIGINAL.setdefault(key, resolved.config)
-    _SMALLER[_shrink_key(spec, args, original)] = smaller
+    shrink_key = _shrink_key(spec, args, original)
+    first = shrink_key not in _SHRUNK
+    _SHRUNK[shrink_key] = smaller
     shape, gpu = spec.key_of(args), registry.gpu_key(args[0].device)
-    if first_shrink and _first_warning("shared_memory", spec, shape, args[0].dtype, gpu):
+    if first and _first_warning("shared_memory", spec, shape, args[0].dtype, gpu):
         warnings.warn(f"{spec.name}: the {resolved.source} config needs more shared memory than the GPU has "
                       f"for this call ({err}); running it with smaller tiles or fewer pipeline stages",
                       registry.ConfigFallbackWarning, stacklevel=4)
-    resolved = dataclasses.replace(resolved, config=smaller)
-    run = _compiled(spec, args, resolved)
-    _BOUND[key] = (run, resolved)
-    return run
+    return dataclasses.replace(resolved, config=smaller)
 
 
 def launch_kernel(kernel, args: tuple, config: Callable[[], Any] | None = None):
-    """Run a kernel that has no spec of its own: compiled once per specialization with
-    ``config()`` (called on the first launch only), or with the config pinned on the kernel
-    when ``config`` is None; eagerly in reference mode."""
-    if config is None or reference_mode(kernel):
+    """Run a kernel that has no spec of its own, compiled once per signature with
+    ``config()`` (called on the first launch only) or the one config pinned on the kernel;
+    eagerly in reference mode."""
+    key = _signature(kernel, args)
+    hit = _LAUNCHES.get(key)
+    if hit is not None:
+        return hit.run(*args)
+    if reference_mode(kernel):
         return kernel(*args)
-    key = (kernel.name, kernel.specialization_key(args))
-    bound = _KERNEL_BOUND.get(key)
-    if bound is None:
-        bound = kernel.bind(args)
-        bound.set_config(config())
-        _KERNEL_BOUND[key] = bound
-    return bound(*args)
+    chosen = config() if config is not None else _pinned(kernel)
+    if chosen is None:
+        return kernel(*args)
+    run = kernel.bind(args).compile_config(chosen)
+    out = run(*args)
+    if key is not None:
+        _store(_LAUNCHES, key, _Launch(run, Resolved(chosen, "pinned", None)))
+    return out
 
 
-@dataclasses.dataclass(frozen=True)
-class _Decision:
-    fused: bool  # run the fused kernel
-    pipeline: str | None  # the unfused pipeline (a key of the spec's baselines); None: no entry
-    followed: Any = None  # the nearest entry followed when the key has no entry of its own
+def _pinned(kernel):
+    configs = getattr(kernel, "configs", None) or []
+    return configs[0] if len(configs) == 1 else None
 
 
 # An unfused pipeline other than the spec's dispatch_baseline is followed from an entry at
-# most this far (registry.shape_distance: N within 2x, M within 4x, K within 16x): Liger's
-# norm was measured faster at some N, and holds a whole row in one block, which has not
-# been measured at N far from the tuned rows.
+# most this far (registry.shape_distance: N within 2x, M within 4x, K within 16x).
 ALTERNATIVE_PIPELINE_REACH = 1.0
 
 
-def _decision(spec: KernelSpec, args: tuple, training: bool = False) -> _Decision:
-    """The registry's decision for a call of ``spec`` (exact or nearest entry, cached per
-    key, dtype, GPU and ``training``), where an alternative unfused pipeline the entry names
-    is checked against this machine: Liger's norm (:mod:`.liger_norm`) only where it can run
-    here and the entry is within :data:`ALTERNATIVE_PIPELINE_REACH`; else the spec's
-    ``dispatch_baseline``, with the fused-or-unfused choice taken again against that
-    pipeline's recorded time (the entry's margin), where it was timed.
+def decide(spec: KernelSpec, args: tuple, fused: bool | None = None, training: bool = False) -> Decision:
+    """The path of a call of ``spec``'s op with the kernel arguments ``args``.
 
-    ``training``: the call also writes what its backward needs; the entry's
-    :data:`~.registry.TRAINING_DISPATCH` record decides where it has one (measured with
-    those writes; after a re-tune, with the config it replaced), else its forward ``dispatch``
-    record; fused only where the forward decision is fused too."""
+    In order: ``fused=True`` past the kernel's N limit (``spec.n_limit``) raises; M = 0 or
+    N = 0 runs unfused (nothing to multiply); past the N limit, unfused; ``fused`` True or
+    False forces; a spec without a ``dispatch_baseline`` always runs fused; reference mode
+    runs the kernel; otherwise the registry's record for the shape (exact, or the nearest
+    tuned shape's, with a ``ConfigFallbackWarning`` when that one is unfused): fused only
+    where tuning or the benchmark measured the kernel faster. ``training``: the call also
+    writes what its backward needs, and follows the entry's training record where it has
+    one (fused only where the forward decision is fused too). The unfused ``pipeline`` is
+    the registry's in every case (Liger's norm only where it runs here and the entry is
+    near). Cached per spec, flags, shapes, dtype and device.
+
+    Raises:
+        ValueError: ``fused=True`` with N past the kernel's limit.
+    """
+    a, b = args[0], args[1]
+    key = (spec.name, fused, training, a.shape, b.shape, a.dtype, a.device)
+    hit = _DECISIONS.get(key)
+    if hit is None:
+        hit = _store(_DECISIONS, key, _decide(spec, args, fused, training))
+    return hit
+
+
+def _decide(spec: KernelSpec, args: tuple, fused: bool | None, training: bool) -> Decision:
+    a, b = args[0], args[1]
+    m, n = a.shape[0], b.shape[1]
+    if spec.n_limit is not None:
+        device = a.device if a.is_cuda else None
+        limit = spec.n_limit(a.dtype, device)
+        if n > limit:
+            if fused:
+                from .kernels.limits import check_full_row_n
+
+                check_full_row_n(n, a.dtype, device, op=spec.name)
+            return Decision(False, spec.dispatch_baseline)
+    if m == 0 or n == 0:
+        return Decision(False, spec.dispatch_baseline)
+    if fused is True or spec.dispatch_baseline is None:
+        return Decision(fused is not False)
+    if fused is None and reference_mode(spec.kernel):
+        return Decision(True)
+    recorded = _recorded(spec, args, training)
+    if fused is False:
+        return dataclasses.replace(recorded, fused=False)
+    if recorded.followed is not None and not recorded.fused:
+        _warn_followed(spec, args, recorded, training)
+    return recorded
+
+
+def _recorded(spec: KernelSpec, args: tuple, training: bool) -> Decision:
+    """The registry's decision for a call (no flags, no limits)."""
     a = args[0]
     key = spec.key_of(args)
-    dtype, gpu = registry.dtype_name(a.dtype), registry.gpu_key(a.device)
-    cache_key = (spec.name, key, dtype, gpu, training)
-    if cache_key not in _FUSED_CHOICE:
-        found = registry.lookup(spec.name, key, dtype, gpu, warn=False)
-        entry = found.entry
-        meta = {} if entry is None else entry.meta
-        record = meta.get(registry.TRAINING_DISPATCH) if training else None
-        record = record if record is not None else meta.get("dispatch", {})
-        fused, pipeline = record.get("choice") == "fused", record.get("unfused")
-        if pipeline is not None and pipeline != spec.dispatch_baseline and not (
-                _alternative_runs(pipeline, a.device, args[1].shape[1])
-                and registry.shape_distance(entry.shape, key) <= ALTERNATIVE_PIPELINE_REACH):
+    found = registry.lookup(spec.name, key, registry.dtype_name(a.dtype), registry.gpu_key(a.device), warn=False)
+    decision = registry_decision(spec, found, key, training, a.device)
+    if training and decision.fused:
+        # the training write adds work to the fused path only: never fused where the forward is not
+        decision = dataclasses.replace(decision, fused=registry_decision(spec, found, key, False, a.device).fused)
+    return decision
+
+
+def registry_decision(spec: KernelSpec, found: registry.Lookup, key, training: bool = False,
+                      device: torch.device | None = None) -> Decision:
+    """What a registry lookup for a call at ``key`` says: the entry's training record
+    (``training``) or forward ``dispatch`` record; unfused without an entry. With a
+    ``device``, an alternative unfused pipeline (Liger's norm) is kept only where it runs
+    there at the call's N and the entry is within :data:`ALTERNATIVE_PIPELINE_REACH`; else
+    the spec's ``dispatch_baseline``, the choice taken again against that pipeline's
+    recorded time where it was timed. Without one (a report), the record as it stands."""
+    entry = found.entry
+    meta = {} if entry is None else entry.meta
+    record = meta.get(registry.TRAINING_DISPATCH) if training else None
+    record = record if record is not None else meta.get("dispatch", {})
+    fused, pipeline = record.get("choice") == "fused", record.get("unfused")
+    if pipeline is not None and pipeline != spec.dispatch_baseline and device is not None:
+        near = registry.shape_distance(entry.shape, key) <= ALTERNATIVE_PIPELINE_REACH
+        if not (pipeline == liger_norm.PIPELINE and liger_norm.available(device, key.N) and near):
             pipeline = spec.dispatch_baseline
             timed = record.get("unfused_timed_ms", {}).get(pipeline)
             if timed is not None:
                 fused = timed >= record.get("margin", 1.0) * record["fused_ms"]
-        if training and fused:
-            # the training write adds work to the fused path only: never fused where the forward
-            # is not (a training record carried over a re-tune, then a forward re-benchmark)
-            fused = _decision(spec, args).fused
-        _FUSED_CHOICE[cache_key] = _Decision(fused, pipeline, None if found.source == "exact" else entry)
-    return _FUSED_CHOICE[cache_key]
+    return Decision(fused, pipeline, record, None if found.source == "exact" else entry)
 
 
-def _alternative_runs(pipeline: str, device: torch.device, n: int) -> bool:
-    """Whether this machine can run the unfused ``pipeline`` of a registry entry other than
-    the compiled norm's (the only one: cuBLAS + Liger's norm)."""
-    return pipeline == liger_norm.PIPELINE and liger_norm.available(device, n)
-
-
-def fused_choice(spec: KernelSpec, args: tuple, training: bool = False) -> bool:
-    """The registry's dispatch decision for a call of ``spec`` (one with a
-    ``dispatch_baseline``), read without compiling anything.
-
-    True where tuning measured the fused kernel faster than the unfused pipeline at this
-    shape, or, for an untuned shape, at the nearest tuned one (a ``ConfigFallbackWarning``
-    says so when that one chose unfused; a fused choice warns when the kernel resolves its
-    config); False for a GPU with no entry at all. ``training=True``: the decision measured
-    for a call that also keeps the backward's tensors, where the entry has one (see
-    :func:`_decision`).
-    """
-    decision = _decision(spec, args, training)
-    followed = decision.followed
-    if followed is not None and not decision.fused:
-        a = args[0]
-        key, gpu = spec.key_of(args), registry.gpu_key(a.device)
-        if _first_warning("dispatch_training" if training else "dispatch", spec, key, a.dtype, gpu):
-            dtype = registry.dtype_name(a.dtype)
-            warnings.warn(
-                f"{spec.name}: no dispatch decision tuned for {key} {dtype} on {gpu}; "
-                f"following the one {'(for training calls) ' if training else ''}tuned for {followed.shape} "
-                f"{followed.dtype} (unfused). {registry.tune_advice(spec.name, key, dtype, gpu)}"
-                + (" (and for training calls bench/postnorm_training_forward.py, then "
-                   "bench/dispatch_from_bench.py --training)" if training and registry.untunable(gpu) is None
-                   else ""),
-                registry.ConfigFallbackWarning, stacklevel=4)
-    return decision.fused
-
-
-def unfused_pipeline(spec: KernelSpec, args: tuple) -> str | None:
-    """The unfused pipeline a call of ``spec``'s op runs when it does not run the fused
-    kernel (forced or not): the one the registry entry names (exact, or nearest as
-    :func:`fused_choice` finds it; no warning here), ``spec.dispatch_baseline`` (cuBLAS +
-    the compiled norm) where that one cannot run on this machine or the entry is far (see
-    :func:`_decision`); None without an entry."""
-    return _decision(spec, args).pipeline
-
-
-def registry_choice(spec: KernelSpec, args: tuple, fused: bool | None = None) -> bool:
-    """Whether a call of the op of ``spec`` (one with a ``dispatch_baseline`` and no N limit)
-    runs the fused kernel: ``fused`` True/False forces; None follows :func:`fused_choice`;
-    reference mode always runs the kernel; M = 0 or N = 0 never does (nothing to multiply)."""
-    a, b = args[0], args[1]
-    if a.shape[0] == 0 or b.shape[1] == 0:
-        return False
-    if fused is not None:
-        return fused
-    return reference_mode(spec.kernel) or fused_choice(spec, args)
+def _warn_followed(spec: KernelSpec, args: tuple, decision: Decision, training: bool) -> None:
+    a = args[0]
+    key, gpu = spec.key_of(args), registry.gpu_key(a.device)
+    if not _first_warning("dispatch_training" if training else "dispatch", spec, key, a.dtype, gpu):
+        return
+    dtype, followed = registry.dtype_name(a.dtype), decision.followed
+    warnings.warn(
+        f"{spec.name}: no dispatch decision tuned for {key} {dtype} on {gpu}; "
+        f"following the one {'(for training calls) ' if training else ''}tuned for {followed.shape} "
+        f"{followed.dtype} (unfused). {registry.tune_advice(spec.name, key, dtype, gpu)}"
+        + (" (and for training calls bench/postnorm_training_forward.py, then "
+           "bench/dispatch_from_bench.py --training)" if training and registry.untunable(gpu) is None else ""),
+        registry.ConfigFallbackWarning, stacklevel=5)
 
 
 def clear_cache() -> None:
-    """Forget compiled kernels and dispatch decisions so the next call re-reads the registry."""
-    _BOUND.clear()
-    _LAUNCHED.clear()
-    _SMALLER.clear()
-    _ORIGINAL.clear()
-    _KERNEL_BOUND.clear()
-    _FUSED_CHOICE.clear()
-    _DYNAMIC_BUILDS.clear()
-    _WARNED.clear()
+    """Forget compiled launches and decisions, so the next call re-reads the registry (a
+    registry written by ``helion-kernels autotune`` in another process is then seen)."""
+    for cache in (_LAUNCHES, _DECISIONS, _SHRUNK, _WARNED):
+        cache.clear()
+    _dynamic_build.cache_clear()
 
 
 def check_runnable(op: str, device: torch.device) -> None:
@@ -405,11 +431,14 @@ def check_runnable(op: str, device: torch.device) -> None:
         ValueError: a CPU (or other non-CUDA) tensor outside the interpret modes, or both
             interpret modes at once.
     """
-    both = (os.environ.get("HELION_INTERPRET", "0") not in ("", "0")) and os.environ.get("TRITON_INTERPRET") == "1"
-    if both:
+    if device.type == "cuda":  # (Helion itself refuses both interpret modes at once on a GPU)
+        return
+    helion_mode = os.environ.get("HELION_INTERPRET", "0") not in ("", "0")
+    triton_mode = os.environ.get("TRITON_INTERPRET") == "1"
+    if helion_mode and triton_mode:
         raise ValueError(f"{op}: HELION_INTERPRET=1 and TRITON_INTERPRET=1 are both set; Helion runs one "
                          f"interpreter at a time (HELION_INTERPRET=1 runs the ops on a CPU)")
-    if device.type != "cuda" and interpret_mode() is None:
+    if not (helion_mode or triton_mode):
         raise ValueError(
             f"{op}: the kernels need CUDA tensors, got {device.type} tensors. Without a GPU, "
             f"set HELION_INTERPRET=1 before the first call to run them in Helion's reference "

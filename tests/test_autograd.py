@@ -17,6 +17,7 @@ import helion_kernels as hk
 from helion_kernels import grads as _grad
 from helion_kernels import runtime
 from helion_kernels.ops import postnorm, prenorm, split_n
+from helion_kernels.kernels.rmsnorm_matmul_backward import SPEC as BACKWARD_SPEC
 from helion_kernels.verify import check_outputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -222,8 +223,8 @@ def test_backward_follows_the_registry(choice, decisions):
                          "unfused": SPEC.dispatch_baseline}}
     registry.save_entry(SPEC.name, registry.gpu_key(args[0].device),
                         registry.Entry(Shape(9, 24, 20), "float32", helion.Config(block_sizes=[16, 16, 16, 16]), meta))
-    assert prenorm.use_fused_backward(args, None) is (choice == "fused")
-    assert prenorm.use_fused_backward(args, True) and not prenorm.use_fused_backward(args, False)
+    assert runtime.decide(BACKWARD_SPEC, args, None).fused is (choice == "fused")
+    assert runtime.decide(BACKWARD_SPEC, args, True).fused and not runtime.decide(BACKWARD_SPEC, args, False).fused
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

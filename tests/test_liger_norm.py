@@ -142,8 +142,8 @@ def test_without_liger_the_choice_is_taken_again_against_the_compiled_norm(induc
     registry.save_entry(spec.name, registry.gpu_key(torch.device("cpu")), Entry(shape, "float32", config, meta))
     a, b, w, bias, eps = norm_inputs(shape, torch.float32, "cpu", 51, "weight_bias")
     args = (a, b, w, bias, eps)
-    assert runtime.fused_choice(spec, args) is fused
-    assert runtime.unfused_pipeline(spec, args) == spec.dispatch_baseline
+    assert runtime.decide(spec, args).fused is fused
+    assert runtime.decide(spec, args).pipeline == spec.dispatch_baseline
 
 
 def test_available_only_on_cuda_with_liger_and_n_in_range(monkeypatch):

@@ -148,17 +148,17 @@ def test_dispatch_follows_the_registry(choice, decisions):
     assert SPEC.dispatch_baseline == "cublas+inductor_norm+cublas" and SPEC.dispatch_fused is not None
     save_decision(SPEC, Shape(64, 32, 4096), choice)
     args = SPEC.make_args(Shape(64, 32, 4096), torch.float32, "cpu", 0)
-    assert runtime.registry_choice(SPEC, args) is (choice == "fused")
+    assert runtime.decide(SPEC, args).fused is (choice == "fused")
     near = SPEC.make_args(Shape(48, 32, 3000), torch.float32, "cpu", 0)
     with pytest.warns(ConfigFallbackWarning) if choice == "unfused" else warnings.catch_warnings():
-        assert runtime.registry_choice(SPEC, near) is (choice == "fused")  # the nearest tuned shape's
-    assert runtime.registry_choice(SPEC, args, True) and not runtime.registry_choice(SPEC, args, False)
+        assert runtime.decide(SPEC, near).fused is (choice == "fused")  # the nearest tuned shape's
+    assert runtime.decide(SPEC, args, True).fused and not runtime.decide(SPEC, args, False).fused
 
 
 def test_no_entry_means_unfused(decisions):
     from helion_kernels import runtime
 
-    assert not runtime.registry_choice(SPEC, SPEC.make_args(Shape(64, 32, 4096), torch.float32, "cpu", 0))
+    assert not runtime.decide(SPEC, SPEC.make_args(Shape(64, 32, 4096), torch.float32, "cpu", 0)).fused
 
 
 @pytest.mark.triton_interpret

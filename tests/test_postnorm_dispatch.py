@@ -1,5 +1,5 @@
 """The public full-row post-norm ops ``matmul_layernorm`` / ``matmul_rmsnorm`` and their
-dispatcher :func:`helion_kernels.ops.postnorm.use_fused`.
+dispatcher :func:`helion_kernels.runtime.decide`.
 
 * Input validation: every error is raised before any kernel (or the unfused GEMM) runs.
 * Results of the fused path (Helion reference mode) and of the unfused path (torch.mm +
@@ -268,7 +268,7 @@ def test_fused_true_past_the_limit_names_split_n(op, dtype, n):
         _call(op, kw, fused=True)
     assert f"N = {n}" in str(err.value) and f"N = {limit}" in str(err.value)
     with pytest.raises(ValueError, match=r"technique 3"):
-        postnorm.use_fused(SPECS[op], _kernel_args(op, kw), True)
+        runtime.decide(SPECS[op], _kernel_args(op, kw), True).fused
 
 
 @pytest.mark.ref_mode
@@ -393,7 +393,7 @@ def test_past_the_limit_auto_runs_unfused(op, calls):
     kw = _inputs(op, Shape(2, 8, n), torch.float32, "cpu", 7)
     _check(op, kw, torch.float32, fused=None)
     assert calls["fused"] == [] and len(calls["unfused"]) == 2
-    assert not postnorm.use_fused(SPECS[op], _kernel_args(op, kw))
+    assert not runtime.decide(SPECS[op], _kernel_args(op, kw)).fused
 
 
 @pytest.mark.ref_mode
@@ -410,12 +410,12 @@ def test_at_the_limit_fused_true_runs_the_kernel(op, calls):
 def test_use_fused_in_reference_mode(op):
     spec = SPECS[op]
     a, b = _ab(n=96, dtype=torch.float16)
-    assert postnorm.use_fused(spec, (a, b)) is True
-    assert postnorm.use_fused(spec, (a, b), True) is True
-    assert postnorm.use_fused(spec, (a, b), False) is False
+    assert runtime.decide(spec, (a, b)).fused is True
+    assert runtime.decide(spec, (a, b), True).fused is True
+    assert runtime.decide(spec, (a, b), False).fused is False
     _, wide = _ab(n=2049, dtype=torch.float16)
-    assert postnorm.use_fused(spec, (a, wide)) is False
-    assert postnorm.use_fused(spec, (a, wide), False) is False
+    assert runtime.decide(spec, (a, wide)).fused is False
+    assert runtime.decide(spec, (a, wide), False).fused is False
 
 
 # --- 3. dispatch from the registry (Triton interpreter) ----------------------------------
@@ -455,12 +455,12 @@ def test_registry_choice_decides_the_path(op, dtype, registry_dir, calls):
     spec = SPECS[op]
 
     kw = _inputs(op, fused_shape, dtype, "cpu", 10)
-    assert postnorm.use_fused(spec, _kernel_args(op, kw)) is True  # exact entry: no warning
+    assert runtime.decide(spec, _kernel_args(op, kw)).fused is True  # exact entry: no warning
     _check(op, kw, dtype)
     assert calls["fused"] == [op, op] and calls["unfused"] == []
 
     kw = _inputs(op, unfused_shape, dtype, "cpu", 11)
-    assert postnorm.use_fused(spec, _kernel_args(op, kw)) is False
+    assert runtime.decide(spec, _kernel_args(op, kw)).fused is False
     _check(op, kw, dtype)
     assert calls["fused"] == [op, op] and calls["unfused"] == [(24, 128)] * 2
 
@@ -499,7 +499,7 @@ def test_gpu_without_entries_runs_unfused(op, registry_dir, calls):
     with warnings.catch_warnings():
         # Whether this case warns is not what is tested here.
         warnings.simplefilter("ignore", ConfigFallbackWarning)
-        assert postnorm.use_fused(SPECS[op], _kernel_args(op, kw)) is False
+        assert runtime.decide(SPECS[op], _kernel_args(op, kw)).fused is False
         _check(op, kw, torch.float16)
     assert calls["fused"] == [] and len(calls["unfused"]) == 2
 
@@ -626,8 +626,8 @@ def test_training_calls_follow_the_training_record(op, forward, training, regist
     kw = _inputs(op, shape, torch.float16, "cpu", 21)
     args = _kernel_args(op, kw)
     training_fused = training == "fused" and forward == "fused"
-    assert postnorm.use_fused(spec, args) is (forward == "fused")
-    assert postnorm.use_fused(spec, args, training=True) is training_fused
+    assert runtime.decide(spec, args).fused is (forward == "fused")
+    assert runtime.decide(spec, args, training=True).fused is training_fused
     with torch.no_grad():
         check_outputs(_call(op, kw), _reference(op, kw)[0], torch.float16)
     assert (calls["fused"], calls["unfused"]) == (([op], []) if forward == "fused" else ([], [(20, 64)]))
@@ -645,7 +645,7 @@ def test_training_without_a_training_record_follows_the_forward_one(op, registry
     shape = Shape(20, 32, 64)
     _save(op, shape, "float16", "fused")
     kw = _inputs(op, shape, torch.float16, "cpu", 22)
-    assert postnorm.use_fused(SPECS[op], _kernel_args(op, kw), training=True) is True
+    assert runtime.decide(SPECS[op], _kernel_args(op, kw), training=True).fused is True
     kw["weight"].requires_grad_(True)
     _call(op, kw).float().sum().backward()
     assert calls["fused"] == [op] and calls["unfused"] == []

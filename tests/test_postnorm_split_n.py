@@ -251,24 +251,22 @@ def _kernel_args(norm: str, shape: Shape) -> tuple:
 @pytest.mark.parametrize("choice", ["fused", "unfused"])
 @pytest.mark.parametrize("norm", list(SPECS))
 def test_dispatch_follows_the_registry_at_any_n(norm, choice, decisions):
-    from helion_kernels.ops.dispatch import has_n_limit, use_fused
     from helion_kernels.registry import ConfigFallbackWarning
 
     spec = SPECS[norm]
-    assert spec.dispatch_baseline == "cublas+inductor_norm" and not has_n_limit(spec)
+    assert spec.dispatch_baseline == "cublas+inductor_norm" and spec.n_limit is None
     save_decision(spec, Shape(64, 32, 4096), choice)
-    assert use_fused(spec, _kernel_args(norm, Shape(64, 32, 4096))) is (choice == "fused")
+    assert runtime.decide(spec, _kernel_args(norm, Shape(64, 32, 4096))).fused is (choice == "fused")
     with pytest.warns(ConfigFallbackWarning) if choice == "unfused" else _no_fallback_warning():
-        assert use_fused(spec, _kernel_args(norm, Shape(48, 32, 3000))) is (choice == "fused")  # nearest
-    assert use_fused(spec, _kernel_args(norm, Shape(64, 32, 4096)), True)  # forced, past any full-row limit
-    assert not use_fused(spec, _kernel_args(norm, Shape(64, 32, 4096)), False)
+        assert runtime.decide(spec, _kernel_args(norm, Shape(48, 32, 3000))).fused is (choice == "fused")  # nearest
+    assert runtime.decide(spec, _kernel_args(norm, Shape(64, 32, 4096)), True).fused  # forced, past any full-row limit
+    assert not runtime.decide(spec, _kernel_args(norm, Shape(64, 32, 4096)), False).fused
 
 
 @pytest.mark.parametrize("norm", list(SPECS))
 def test_no_entry_means_unfused(norm, decisions):
-    from helion_kernels.ops.dispatch import use_fused
 
-    assert not use_fused(SPECS[norm], _kernel_args(norm, Shape(64, 32, 4096)))
+    assert not runtime.decide(SPECS[norm], _kernel_args(norm, Shape(64, 32, 4096))).fused
 
 
 @pytest.mark.triton_interpret

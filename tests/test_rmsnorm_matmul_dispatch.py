@@ -1,4 +1,4 @@
-"""The pre-norm op's forward dispatch (:func:`helion_kernels.ops.prenorm.use_fused`): the
+"""The pre-norm op's forward dispatch (:func:`helion_kernels.runtime.decide`): the
 fused kernel only where the registry recorded it faster than cuBLAS + the compiled norm, the
 nearest tuned shape's decision for an untuned one, unfused on a GPU without entries,
 ``fused=True/False`` forcing; and the op's output on either path. The decisions are read
@@ -14,7 +14,6 @@ import helion_kernels as hk
 from helion_kernels import registry, runtime
 from helion_kernels.kernels.rmsnorm_matmul import SPEC, rmsnorm_matmul_reference
 from helion_kernels.ops import prenorm
-from helion_kernels.ops.dispatch import use_fused
 from helion_kernels.registry import ConfigFallbackWarning, Entry
 from helion_kernels.spec import Shape
 from helion_kernels.verify import check_outputs
@@ -35,30 +34,33 @@ def _args(shape: Shape, dtype=torch.float32) -> tuple:
     return SPEC.make_args(shape, dtype, "cpu", 0)
 
 
+def _fused(args: tuple, fused: bool | None = None) -> bool:
+    return runtime.decide(SPEC, args, fused).fused
+
+
 @pytest.mark.parametrize("choice", ["fused", "unfused"])
 def test_exact_entry_decides(choice, decisions):
     _save(Shape(64, 64, 48), "float32", choice)
     args = _args(Shape(64, 64, 48))
-    assert prenorm.use_fused(args) is (choice == "fused")
-    assert use_fused(SPEC, args) is (choice == "fused")  # the spec-level dispatcher agrees
-    assert prenorm.use_fused(args, True) and not prenorm.use_fused(args, False)
+    assert _fused(args) is (choice == "fused")
+    assert _fused(args, True) and not _fused(args, False)
 
 
 @pytest.mark.parametrize("choice", ["fused", "unfused"])
 def test_untuned_shape_follows_the_nearest_decision(choice, decisions):
     _save(Shape(64, 64, 48), "float32", choice)
     with pytest.warns(ConfigFallbackWarning, match="64x64x48") if choice == "unfused" else _no_warning():
-        assert prenorm.use_fused(_args(Shape(40, 64, 48))) is (choice == "fused")
+        assert _fused(_args(Shape(40, 64, 48))) is (choice == "fused")
 
 
 def test_no_entry_means_unfused(decisions):
-    assert not prenorm.use_fused(_args(Shape(64, 64, 48)))
-    assert not use_fused(SPEC, _args(Shape(64, 64, 4096)))  # no N limit: the pre-norm takes any N
+    assert not _fused(_args(Shape(64, 64, 48)))
+    assert not runtime.decide(SPEC, _args(Shape(64, 64, 4096))).fused  # no N limit: the pre-norm takes any N
 
 
 def test_empty_operands_never_launch(decisions):
-    assert not prenorm.use_fused((torch.empty(0, 8), torch.empty(8, 4), 1e-5), True)
-    assert not prenorm.use_fused((torch.empty(3, 8), torch.empty(8, 0), 1e-5), True)
+    assert not _fused((torch.empty(0, 8), torch.empty(8, 4), 1e-5), True)
+    assert not _fused((torch.empty(3, 8), torch.empty(8, 0), 1e-5), True)
 
 
 @pytest.mark.triton_interpret

@@ -96,24 +96,21 @@ def test_bad_rstd_is_refused_before_launch(device):
 def test_dispatch_follows_its_own_registry_decisions(decisions):
     """Unfused without entries (the compiled row scaling + cuBLAS); the given-rstd kernel's
     own decision applies, not the statistics kernel's; fused= forces."""
-    from helion_kernels import registry
-    from helion_kernels.ops import prenorm
+    from helion_kernels import registry, runtime
     from helion_kernels.registry import Entry
 
     args = SPEC_GIVEN_RSTD.make_args(Shape(64, 32, 48), torch.float32, "cpu", 0)
-    assert not prenorm.use_fused_given_rstd(args)
-    assert prenorm.use_fused_given_rstd(args, True)
+    assert not runtime.decide(SPEC_GIVEN_RSTD, args).fused
+    assert runtime.decide(SPEC_GIVEN_RSTD, args, True).fused
     fused = {"dispatch": {"choice": "fused", "fused_ms": 1.0, "unfused_ms": 2.0, "unfused": "cublas+inductor_scale"}}
-    from helion_kernels import runtime
-
     registry.save_entry("rmsnorm_matmul", "cpu", Entry(Shape(64, 32, 48), "float32", {"block_sizes": [16, 16, 16]}, fused))
     runtime.clear_cache()  # decisions are cached per process
-    assert not prenorm.use_fused_given_rstd(args)
+    assert not runtime.decide(SPEC_GIVEN_RSTD, args).fused
     registry.save_entry("rmsnorm_matmul_given_rstd", "cpu",
                         Entry(Shape(64, 32, 48), "float32", {"block_sizes": [16, 16, 16]}, fused))
     runtime.clear_cache()
-    assert prenorm.use_fused_given_rstd(args)
-    assert not prenorm.use_fused_given_rstd(args, False)
+    assert runtime.decide(SPEC_GIVEN_RSTD, args).fused
+    assert not runtime.decide(SPEC_GIVEN_RSTD, args, False).fused
 
 
 INTERPRETER_CONFIGS = [

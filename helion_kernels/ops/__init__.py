@@ -4,7 +4,6 @@ launches its kernel through :mod:`..runtime`."""
 
 from .attention import flash_norm_attention, gdpa
 from .gemm import matmul
-from .dispatch import use_fused
 from .postnorm import matmul_layernorm, matmul_rmsnorm
 from .prenorm import fold_rmsnorm_weight, rmsnorm_matmul
 from .split_n import matmul_layernorm_split_n, matmul_rmsnorm_matmul, matmul_rmsnorm_split_n
@@ -20,5 +19,4 @@ __all__ = [
     "matmul_rmsnorm_matmul",
     "matmul_rmsnorm_split_n",
     "rmsnorm_matmul",
-    "use_fused",
 ]

@@ -20,7 +20,9 @@ from typing import Callable
 
 import torch
 
-from ..grads import tracing
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from ..grads import _PLAIN
 
 NAMESPACE = "helion_kernels"
 
@@ -51,9 +53,16 @@ class Op:
             self.function = _autograd_function(name, impl, setup_context, backward)
 
     def __call__(self, *args):
-        if tracing(args):
+        if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
             return self.custom_op(*args)
-        if self.differentiable and records_grad(*args):
+        record = self.differentiable and torch.is_grad_enabled()
+        recorded = False
+        for t in args:  # one pass: a traced tensor (fake, functional) or one autograd records
+            if isinstance(t, torch.Tensor):
+                if type(t) not in _PLAIN:
+                    return self.custom_op(*args)
+                recorded = recorded or (record and t.requires_grad)
+        if recorded:
             return self.function.apply(*args)
         return self.eager(*args)
 

@@ -14,46 +14,9 @@ import torch.nn.functional as F
 
 from .. import checks, grads, liger_norm, runtime
 from ..grads import postnorm_grads
-from ..kernels.limits import check_full_row_n, max_full_row_n
 from ._op import Op, filled, gemm_operand, records_grad
 
 _kernels = runtime.LazyModule("helion_kernels.kernels.postnorm_full_row")
-
-
-def use_fused(spec, args: tuple, fused: bool | None = None, training: bool = False) -> bool:
-    """Whether a full-row post-norm call runs the fused kernel (True) or cuBLAS + the
-    inductor norm (False).
-
-    ``fused=None`` follows the registry (:func:`~helion_kernels.runtime.fused_choice`): the
-    fused kernel only where tuning measured it faster than ``spec.dispatch_baseline`` at this
-    shape (or, for an untuned shape, at the nearest tuned one), never for a GPU with no
-    tuned entry, never past :func:`~helion_kernels.kernels.limits.max_full_row_n`.
-    ``training=True`` (autograd records the call, so the kernel also writes the norm's input
-    ``h`` for the backward) follows the entry's training decision where it has one
-    (:data:`~helion_kernels.registry.TRAINING_DISPATCH`, measured with that write by
-    ``bench/postnorm_training_forward.py``, with the entry's config or, after a re-tune, the
-    config it replaced), else its forward one; fused only where the forward decision is too.
-    ``fused=True`` forces the kernel (ValueError past the N limit); ``fused=False`` forces the
-    unfused path. In Helion's reference mode (no configs, no timings) the kernel always runs.
-
-    Raises:
-        TypeError: ``fused`` is not None, True or False.
-        ValueError: ``fused=True`` and N is past the full-row limit.
-    """
-    checks.fused_flag(spec.name, fused)
-    a, b = args[0], args[1]
-    n = b.shape[1]
-    device = a.device if a.is_cuda else None
-    if fused is False:
-        return False
-    if fused:
-        check_full_row_n(n, a.dtype, device, op=spec.name)
-        return True
-    if n > max_full_row_n(a.dtype, device):
-        return False
-    if runtime.reference_mode(spec.kernel):
-        return True
-    return runtime.fused_choice(spec, args, training)
 
 
 def _layer_norm(x, residual, weight, bias, eps):
@@ -145,7 +108,7 @@ def _norm_input(a, b, linear_bias, residual, with_residual: bool = True) -> torc
 def _empty_outputs(spec, args, a, m, n, fused, stats: int, keep: bool) -> tuple:
     """What an op returns for M = 0 or N = 0: the output, ``stats`` NaN statistics (over no
     columns) and the kept norm input, after the fused flag is checked."""
-    use_fused(spec, args, fused if fused is not None else False)  # fused=True past the limit raises
+    runtime.decide(spec, args, fused if fused is not None else False)  # fused=True past the limit raises
     nan = torch.full((stats, m), float("nan"), dtype=torch.float32, device=a.device)
     return (a.new_empty(m, n), *(nan[i].clone() for i in range(stats)), a.new_empty(m, n) if keep else None)
 
@@ -162,7 +125,7 @@ def _matmul_layernorm_eager(a, b, weight, bias, eps, return_stats, fused, keep=F
     if m == 0 or n == 0:
         y, mean, rstd, h = _empty_outputs(spec, args, a, m, n, fused, 2, keep)
         return (y, mean, rstd, h) if stats else (y, None, None, None)
-    if use_fused(spec, args, fused, training=keep):
+    if runtime.decide(spec, args, fused, training=keep).fused:
         h = a.new_empty(m, n) if keep else None
         y, mean, rstd = runtime.launch(spec, (*args, h) if keep else args)
         return (y, mean, rstd, h) if stats else (y, None, None, None)
@@ -199,7 +162,7 @@ def _matmul_rmsnorm_eager(a, b, weight, eps, return_rstd, fused, keep=False, lin
     if m == 0 or n == 0:
         y, rstd, h = _empty_outputs(spec, args, a, m, n, fused, 1, keep)
         return y, rstd if stats else None, h
-    if use_fused(spec, args, fused, training=keep):
+    if runtime.decide(spec, args, fused, training=keep).fused:
         h = a.new_empty(m, n) if keep else None
         y, rstd = runtime.launch(spec, (*args, h) if keep else args)
         return y, rstd if stats else None, h

@@ -51,23 +51,13 @@ def fold_rmsnorm_weight(weight: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (weight[:, None] * b).to(b.dtype)
 
 
-def use_fused(args: tuple, fused: bool | None = None) -> bool:
-    """Whether the forward of a call runs the fused kernel (True) or the inductor-compiled
-    norm + cuBLAS (False): ``fused`` True/False forces; None follows the registry's decision
-    for ``rmsnorm_matmul`` at this shape (:func:`~helion_kernels.runtime.fused_choice`: the
-    fused kernel only where tuning measured it faster than cuBLAS + the compiled norm, at this
-    shape or the nearest tuned one; unfused on a GPU with no entry); reference mode always runs
-    the kernel; M = 0 or N = 0 never does (nothing to multiply)."""
-    return runtime.registry_choice(_kernels.SPEC, args, fused)
-
-
 def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, eps: float,
                     fused: bool | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(c, rstd, x_hat): ``x_hat`` is the unfused path's normalised ``a`` [M, K] (the cuBLAS
     GEMM's operand, already written, so the backward keeps it instead of writing it again),
     [0, K] after the fused kernel, which never writes it."""
     args = (a.contiguous(), gemm_operand(b), eps)
-    if use_fused(args, fused):
+    if runtime.decide(_kernels.SPEC, args, fused).fused:
         return (*runtime.launch(_kernels.SPEC, args), a.new_empty(0, a.shape[1]))
     # cuBLAS + the standalone norm (rstd is defined when there is nothing to multiply).
     x_hat, rstd = grads.run_compiled(_rms_norm_rstd, args[0], eps)
@@ -88,28 +78,18 @@ def _rmsnorm_matmul_fake(a, b, eps, fused):
     # specialise them: one compilation per M. (Inductor does not CUDA-graph a graph with an
     # unbacked size, so mode="reduce-overhead" replays only the static-size graphs.)
     if all(isinstance(size, int) for size in (*a.shape, b.shape[1])):
-        rows = 0 if use_fused((a, b, eps), fused) else a.shape[0]
+        rows = 0 if runtime.decide(_kernels.SPEC, (a, b, eps), fused).fused else a.shape[0]
     else:
         rows = torch.library.get_ctx().new_dynamic_size()
     return (a.new_empty(a.shape[0], b.shape[1]), a.new_empty(a.shape[0], dtype=torch.float32),
             a.new_empty(rows, a.shape[1]))
 
 
-def use_fused_backward(args: tuple, fused: bool | None) -> bool:
-    """Whether the backward of a call runs the fused dgrad kernel
-    (:mod:`helion_kernels.kernels.rmsnorm_matmul_backward`) or cuBLAS + the compiled norm
-    backward: ``fused`` True/False forces; None follows the registry's dispatch decision
-    for ``rmsnorm_matmul_backward`` at this shape (the nearest tuned one for an untuned
-    shape; unfused on a GPU with no entry); reference mode always runs the kernel. A backward
-    that kept the unfused forward's ``x_hat`` runs neither (see :func:`rmsnorm_matmul`)."""
-    return runtime.registry_choice(_backward_kernels.SPEC, args, fused)
-
-
 def _dgrad(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, rstd: torch.Tensor,
            fused: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(da, x_hat) of ``c = (a * rstd) @ b`` for the output gradient ``dc``."""
     args = (a, b, dc.contiguous(), rstd)
-    if use_fused_backward(args, fused):
+    if runtime.decide(_backward_kernels.SPEC, args, fused).fused:
         return runtime.launch(_backward_kernels.SPEC, args)
     return grads.rmsnorm_matmul_dgrad(*args)
 
@@ -128,14 +108,14 @@ def _grads(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, rstd: torch.Tenso
 
     With the unfused forward's ``x_hat`` kept (M rows): the cuBLAS dgrad, one compiled pass
     writing only dA, the cuBLAS wgrad on ``x_hat``. Without (the fused forward, or dB not
-    needed): the dgrad op, fused or not (:func:`use_fused_backward`), which writes ``x_hat``
+    needed): the dgrad op, fused or not (:func:`~helion_kernels.runtime.decide`), which writes ``x_hat``
     for the cuBLAS wgrad; when only dA is needed, the unfused dgrad writes no ``x_hat``."""
     a = a.contiguous()
     if x_hat.shape[0]:
         da, db = grads.kept_x_hat_grads(a, b, rstd, x_hat, dc, need_a, need_b)
     else:
         da = db = None
-        fused_dgrad = need_a and use_fused_backward((a, b, dc, rstd), fused)  # decided once
+        fused_dgrad = need_a and runtime.decide(_backward_kernels.SPEC, (a, b, dc, rstd), fused).fused
         if need_a and (need_b or fused_dgrad):
             da, x_hat = _DGRAD(a, b, dc, rstd, fused_dgrad)
         elif need_a:
@@ -179,16 +159,9 @@ _OP = Op("rmsnorm_matmul", _rmsnorm_matmul, _rmsnorm_matmul_fake, backward=_back
          setup_context=_setup_context)
 
 
-def use_fused_given_rstd(args: tuple, fused: bool | None = None) -> bool:
-    """As :func:`use_fused`, for a call with the producer's ``rstd``: the registry's decision
-    for ``rmsnorm_matmul_given_rstd`` (the row-scaled GEMM against the compiled row scaling +
-    cuBLAS, timed by tuning)."""
-    return runtime.registry_choice(_kernels.SPEC_GIVEN_RSTD, args, fused)
-
-
 def _given_rstd(a: torch.Tensor, b: torch.Tensor, rstd: torch.Tensor, fused: bool | None) -> torch.Tensor:
     args = (a.contiguous(), gemm_operand(b), rstd.contiguous())
-    if use_fused_given_rstd(args, fused):
+    if runtime.decide(_kernels.SPEC_GIVEN_RSTD, args, fused).fused:
         return runtime.launch(_kernels.SPEC_GIVEN_RSTD, args)
     return torch.mm(grads.run_compiled(grads.rms_x_hat, a, rstd), b)
 

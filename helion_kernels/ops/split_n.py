@@ -37,9 +37,10 @@ def _layernorm_split_n(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | 
         return a.new_empty(m, n), _nan_stats(a, m), _nan_stats(a, m)
     args = (*contiguous_operands(a, b, weight, bias), eps)
     spec = _row_sweep.SPEC_LAYERNORM
-    if runtime.registry_choice(spec, args, fused):
+    decision = runtime.decide(spec, args, fused)
+    if decision.fused:
         return runtime.launch(spec, args)
-    return unfused_layer_norm(a, b, weight, bias, eps, runtime.unfused_pipeline(spec, args))
+    return unfused_layer_norm(a, b, weight, bias, eps, decision.pipeline)
 
 
 def _layernorm_split_n_fake(a, b, weight, bias, eps, fused):
@@ -54,9 +55,10 @@ def _rmsnorm_split_n(a: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | No
         return a.new_empty(m, n), _nan_stats(a, m)
     args = (*contiguous_operands(a, b, weight), eps)
     spec = _row_sweep.SPEC_RMSNORM
-    if runtime.registry_choice(spec, args, fused):
+    decision = runtime.decide(spec, args, fused)
+    if decision.fused:
         return runtime.launch(spec, args)
-    return unfused_rms_norm(a, b, weight, eps, runtime.unfused_pipeline(spec, args))
+    return unfused_rms_norm(a, b, weight, eps, decision.pipeline)
 
 
 def _rmsnorm_split_n_fake(a, b, weight, eps, fused):
@@ -151,13 +153,13 @@ def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, eps: floa
                     fused: bool | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(out, x = a @ b, rstd [M] fp32): the producer's output and the row statistics are
     returned for the backward (x is written anyway). The two kernels where the registry chose
-    them (:func:`~helion_kernels.runtime.registry_choice` at (M, K, N)), else cuBLAS, the
+    them (:func:`~helion_kernels.runtime.decide` at (M, K, N)), else cuBLAS, the
     compiled norm and cuBLAS."""
     m, n, n2 = a.shape[0], b.shape[1], c.shape[1]
     if m == 0 or n2 == 0:
         x = torch.mm(a, b)
         return a.new_zeros(m, n2), x, grads.rms_rstd(x, eps)
-    if not runtime.registry_choice(_deferred.SPEC, (a, b), fused):
+    if not runtime.decide(_deferred.SPEC, (a, b), fused).fused:
         x = torch.mm(a, b)  # cuBLAS reads a transposed (nn.Linear) weight in place
         y, rstd = compiled_rms_norm(x, None, eps)  # the weight is in c
         return torch.mm(y, c), x, rstd

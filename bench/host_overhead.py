@@ -1,0 +1,223 @@
+"""Host time of one call of every public op, with the GPU kernel launch stubbed out (CPU).
+
+What a call costs on the host before the kernel runs, split in two:
+
+* ``package_us``: the package's own Python (checks, custom-op or autograd bypass, the
+  fused-or-unfused decision, argument preparation), with the package's hand-over to Helion
+  (``runtime.launch`` / ``runtime.launch_kernel``) replaced by returning outputs made once;
+* ``total_us``: everything up to the launch, Helion's binding and the generated host code
+  (output allocation, grid) included, with only Triton's launch replaced by a no-op.
+
+Each op is called at a small shape as a user calls it (``path = eager``: the public
+function, no autograd) and through its ``torch.ops.helion_kernels`` custom op (``path =
+custom_op``: what a compiled graph calls). Every op runs its fused kernel by the registry's
+decision: a temporary user registry holds a "fused" entry for each shape on this machine's
+registry key. CPU tensors pass the device check under ``TRITON_INTERPRET=1``; nothing runs
+on a GPU and nothing is interpreted (the launch is stubbed). Mean of ``--calls`` back-to-back
+calls, median of ``--rounds`` rounds, one fresh process per package.
+
+    python bench/host_overhead.py [--baseline DIR] [--out bench/results/cpu]
+
+``--baseline DIR``: also measure the package in DIR (a checkout of another commit, the
+folder holding its ``helion_kernels/``), in a process of its own. Writes
+``host_overhead.{csv,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def _cases(hk, torch):
+    """(op, shape key for the registry entry, eager call, custom-op call)."""
+    bf16 = torch.bfloat16
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(bf16)
+
+    a, b, c = rand(256, 64), rand(64, 128), rand(128, 64)
+    w128, bias128 = rand(128), rand(128)
+    rstd = torch.rand(256) + 0.5
+    q, k, v = rand(40, 2, 64), rand(32, 2, 64), rand(32, 2, 64)
+    qo, ko = torch.tensor([0, 17, 40]), torch.tensor([0, 16, 32])
+    ops = torch.ops.helion_kernels
+    gemm = (256, 64, 128)
+    return [
+        ("matmul", "matmul", gemm, lambda: hk.matmul(a, b), lambda: ops.matmul(a, b)),
+        ("rmsnorm_matmul", "rmsnorm_matmul", gemm, lambda: hk.rmsnorm_matmul(a, b),
+         lambda: ops.rmsnorm_matmul(a, b, 1e-5, None)),
+        ("rmsnorm_matmul(rstd=)", "rmsnorm_matmul_given_rstd", gemm, lambda: hk.rmsnorm_matmul(a, b, rstd=rstd),
+         lambda: ops.rmsnorm_matmul_given_rstd(a, b, rstd, None)),
+        ("matmul_layernorm", "matmul_layernorm", gemm, lambda: hk.matmul_layernorm(a, b, w128, bias128),
+         lambda: ops.matmul_layernorm(a, b, w128, bias128, 1e-5, False, None, False, None, None)),
+        ("matmul_rmsnorm", "matmul_rmsnorm", gemm, lambda: hk.matmul_rmsnorm(a, b, w128),
+         lambda: ops.matmul_rmsnorm(a, b, w128, 1e-5, False, None, False, None, None)),
+        ("matmul_layernorm_split_n", "matmul_layernorm_split_n", gemm,
+         lambda: hk.matmul_layernorm_split_n(a, b, w128, bias128),
+         lambda: ops.matmul_layernorm_split_n(a, b, w128, bias128, 1e-5, None)),
+        ("matmul_rmsnorm_split_n", "matmul_rmsnorm_split_n", gemm, lambda: hk.matmul_rmsnorm_split_n(a, b, w128),
+         lambda: ops.matmul_rmsnorm_split_n(a, b, w128, 1e-5, None)),
+        ("matmul_rmsnorm_matmul", "matmul_rmsnorm_matmul", gemm, lambda: hk.matmul_rmsnorm_matmul(a, b, c),
+         lambda: ops.matmul_rmsnorm_matmul(a, b, c, 1e-5, None)),
+        ("gdpa", None, None, lambda: hk.gdpa(q, k, v, qo, ko, 23, 16, validate=False),
+         lambda: ops.gdpa(q, k, v, qo, ko, 23, 16, "fast_gelu", 1.0, False)),
+        ("flash_norm_attention", "flash_norm_attention", (2, 64),
+         lambda: hk.flash_norm_attention(q, k, v, qo, ko, 23, 16, validate=False),
+         lambda: ops.flash_norm_attention(q, k, v, qo, ko, 23, 16, None, None, None, 1e-5, "fast_gelu", 1.0, False,
+                                          False)),
+    ]
+
+
+def _fused_registry(folder: Path, cases) -> None:
+    """A user registry with a "fused" entry on the CPU's key for each case's shape (the
+    spec's default config, which generates code for any shape)."""
+    from helion_kernels import registry
+    from helion_kernels.kernels import get_spec
+
+    for _, kernel, key, *_ in cases:
+        if kernel is None:
+            continue
+        spec = get_spec(kernel)
+        fields = ("M", "K", "N") if len(key) == 3 else ("H", "D")
+        config = json.loads(spec.default_config.to_json())
+        entry = {**dict(zip(fields, key)), "dtype": "bfloat16", "config": config,
+                 "dispatch": {"choice": "fused", "fused_ms": 1.0, "unfused_ms": 2.0,
+                              "unfused": spec.dispatch_baseline, "margin": 1.02}}
+        path = folder / "cpu" / f"{kernel}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = json.loads(path.read_text()) if path.exists() else {"format": 1, "kernel": kernel, "gpu": "cpu",
+                                                                   "entries": []}
+        data["entries"].append(entry)
+        path.write_text(json.dumps(data))
+        registry.clear_cache() if hasattr(registry, "clear_cache") else None
+
+
+def _per_call_us(fn, calls: int, rounds: int) -> float:
+    for _ in range(20):
+        fn()
+    times = []
+    for _ in range(rounds):  # this process's CPU time: other processes on the machine do not count
+        t0 = time.process_time()
+        for _ in range(calls):
+            fn()
+        times.append((time.process_time() - t0) / calls * 1e6)
+    return statistics.median(times)
+
+
+def _child(calls: int, rounds: int) -> dict:
+    os.environ["TRITON_INTERPRET"] = "1"
+    os.environ.pop("HELION_INTERPRET", None)
+    folder = Path(tempfile.mkdtemp())
+    os.environ["HELION_KERNELS_CONFIG_DIR"] = str(folder)
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import helion.runtime
+    import torch
+
+    def no_launch(*args, **kwargs):  # the Triton launch, stubbed
+        return None
+
+    helion.runtime.default_launcher = no_launch  # what generated host code imports
+    import helion_kernels as hk
+    from helion_kernels import runtime
+
+    cases = _cases(hk, torch)
+    _fused_registry(folder, cases)
+    out = {}
+    for name, _, _, eager, custom in cases:
+        for path, fn in (("eager", eager), ("custom_op", custom)):
+            out[(name, path)] = {"total_us": _per_call_us(fn, calls, rounds)}
+    # package_us: the hand-over to Helion returns the outputs it gave before
+    launch, launch_kernel = runtime.launch, runtime.launch_kernel
+    made: dict = {}
+
+    def remembered(real):  # one launch per spec or kernel: each case calls its own, at one shape
+        def stub(first, args, *rest):
+            out = made.get(id(first))
+            if out is None:
+                out = made[id(first)] = real(first, args, *rest)
+            return out
+        return stub
+
+    runtime.launch, runtime.launch_kernel = remembered(launch), remembered(launch_kernel)
+    for name, _, _, eager, custom in cases:
+        for path, fn in (("eager", eager), ("custom_op", custom)):
+            out[(name, path)]["package_us"] = _per_call_us(fn, calls, rounds)
+    return {f"{name}|{path}": value for (name, path), value in out.items()}
+
+
+def _run_child(folder: Path, calls: int, rounds: int) -> dict:
+    code = (f"import sys, json; sys.path.insert(0, {str(folder)!r}); sys.path.insert(1, {str(CHECKOUT / 'bench')!r}); "
+            f"import host_overhead; print(json.dumps(host_overhead._child({calls}, {rounds})))")
+    env = {**os.environ, "PYTHONPATH": str(folder)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=folder)
+    if done.returncode != 0:
+        raise RuntimeError(f"child for {folder} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _commit(folder: Path) -> str:
+    done = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or "?"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", type=Path, help="another checkout to measure beside this one")
+    parser.add_argument("--out", type=Path, default=CHECKOUT / "bench" / "results" / "cpu")
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--processes", type=int, default=2, help="processes per package, averaged")
+    args = parser.parse_args(argv)
+    runs = {"this checkout": CHECKOUT}
+    if args.baseline is not None:
+        runs["baseline"] = args.baseline.resolve()
+    rows = []
+    for _ in range(args.processes):  # the packages' processes interleaved, the machine's drift shared
+        for label, folder in runs.items():
+            for key, value in _run_child(folder, args.calls, args.rounds).items():
+                op, path = key.split("|")
+                rows.append({"op": op, "path": path, "package": label, "commit": _commit(folder), **value})
+    df = (pd.DataFrame(rows).groupby(["op", "path", "package", "commit"], sort=False)[["package_us", "total_us"]]
+          .mean().round(2).reset_index())
+    args.out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(args.out / "host_overhead.csv", index=False)
+    wide = df.pivot_table(index=["op", "path"], columns="package", values=["package_us", "total_us"], sort=False)
+    wide.columns = [f"{what} ({label})" for what, label in wide.columns]
+    wide = wide.reset_index()
+    command = "python bench/host_overhead.py" + (f" --baseline <checkout of {_commit(args.baseline)}>"
+                                                 if args.baseline else "")
+    text = "\n".join([
+        "# Host time per call, the GPU launch stubbed (CPU)", "",
+        f"- command: `{command}`",
+        f"- date: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}; commits: "
+        + ", ".join(f"{label} {_commit(folder)}" for label, folder in runs.items()),
+        f"- machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+        f"CPU time per call: mean of {args.calls} calls, median of {args.rounds} rounds, mean of "
+        f"{args.processes} processes per package (interleaved)",
+        "- `package_us`: the package's own Python (its hand-over to Helion stubbed); `total_us`: everything up to "
+        "Triton's launch (stubbed), Helion's binding and generated host code included",
+        "- aim (issue): `package_us` <= 10 us for every op; on a GPU a whole eager call <= 30 us", "",
+        wide.round(1).to_markdown(index=False), ""])
+    (args.out / "host_overhead.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
