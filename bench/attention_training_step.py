@@ -37,8 +37,9 @@ import torch
 
 from helion_kernels import flash_norm_attention, gdpa, registry, workloads
 from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
-from helion_kernels.kernels.flash_norm_attention import EPS, compiled_unfused_block, norm_block, unfused_block
-from helion_kernels.kernels.gdpa import random_jagged_inputs
+from helion_kernels.bench_specs import compiled_unfused_block, norm_block, unfused_block
+from helion_kernels.techniques.attention.kernels import EPS
+from helion_kernels.techniques.attention.kernels import random_jagged_inputs
 from helion_kernels.timing import measure_ceilings
 from helion_kernels.verify import check_outputs
 from helion_kernels.workloads import problems

@@ -41,7 +41,7 @@ import helion  # noqa: E402
 from helion.runtime.settings import RefMode  # noqa: E402
 
 from helion_kernels import registry, runtime  # noqa: E402
-from helion_kernels.kernels import CATALOG, get_spec  # noqa: E402
+from helion_kernels.techniques import CATALOG, get_spec  # noqa: E402
 
 
 def _kernel(kernel, static: bool):
@@ -51,17 +51,15 @@ def _kernel(kernel, static: bool):
 
 def _variants(name: str, args: tuple) -> dict[str, tuple]:
     """The argument patterns the op passes to the kernel of ``name`` (from the tuning args)."""
-    if name in ("matmul_layernorm", "matmul_rmsnorm"):
+    if name in ("matmul_layernorm", "matmul_rmsnorm"):  # (a, b, weight, bias, eps, layernorm)
         a, b = args[0], args[1]
         m, n = a.shape[0], b.shape[1]
-        eps_at = 4 if name == "matmul_layernorm" else 3
-        plain = (a, b, *(None,) * (eps_at - 2), args[eps_at])
+        plain = (a, b, None, None, *args[4:6])
         addends = (b.new_empty(n), a.new_empty(m, n), a.new_empty(m, n))  # linear_bias, residual, product
         return {"affine": args, "plain": plain, "affine+addends+product": (*args, *addends),
                 "plain+product": (*plain, None, None, a.new_empty(m, n))}
     if name in ("matmul_layernorm_split_n", "matmul_rmsnorm_split_n"):
-        eps_at = 4 if name == "matmul_layernorm_split_n" else 3
-        return {"affine": args, "plain": (args[0], args[1], *(None,) * (eps_at - 2), args[eps_at])}
+        return {"affine": args, "plain": (args[0], args[1], None, None, *args[4:6])}
     if name == "flash_norm_attention":
         q = args[0]
         saved = (torch.empty_like(q), q.new_empty(3, q.shape[0], dtype=torch.float32))
@@ -108,7 +106,7 @@ def _attention_row(shape):
 
 def _consumer(gpu: str, entry, producer_args):
     """The deferred norm's second kernel at (M, N, N2 = K), on its ``matmul``-derived config."""
-    from helion_kernels.kernels import postnorm_deferred as deferred
+    from helion_kernels.techniques.deferred import kernels as deferred
 
     a, b = producer_args
     m, n, k = a.shape[0], b.shape[1], a.shape[1]
@@ -122,7 +120,8 @@ def _consumer(gpu: str, entry, producer_args):
 
 def _pinned():
     """The GDPA forward and backward kernels on the configs pinned on them."""
-    from helion_kernels.kernels import gdpa, gdpa_backward
+    from helion_kernels.techniques.attention import kernels as gdpa
+    from helion_kernels.techniques.attention import kernels as gdpa_backward
 
     q = torch.empty(32, 2, 128, dtype=torch.bfloat16)
     offsets = torch.tensor([0, 16, 32])

@@ -41,8 +41,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from helion_kernels.bench_specs import bench_spec
 from helion_kernels import registry, tuning
-from helion_kernels.kernels import get_spec
+from helion_kernels import results
+from helion_kernels.techniques import get_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAINING_COLUMN = "forward_fused_ms"  # only bench/postnorm_training_forward.py's tables have it
@@ -59,12 +61,12 @@ def decisions(frame: pd.DataFrame, kernel: str) -> pd.DataFrame:
     spec = get_spec(kernel)
     if spec.dispatch_baseline is None:
         raise SystemExit(f"{kernel} has no dispatcher (its spec names no dispatch_baseline)")
-    fused = "fused_op_ms" if spec.dispatch_fused is not None else f"{kernel}_ms"
+    fused = "fused_op_ms" if bench_spec(spec.name).dispatch_fused is not None else f"{kernel}_ms"
     default = spec.dispatch_baseline
     missing = {fused, f"{default}_ms", "M", "K", "N", "dtype"} - set(frame.columns)
     if missing:
         raise SystemExit(f"the CSV lacks the columns {sorted(missing)}; is it {kernel}'s benchmark?")
-    present = [a for a in spec.dispatch_alternatives if f"{a}_ms" in frame.columns]
+    present = [a for a in bench_spec(spec.name).dispatch_alternatives if f"{a}_ms" in frame.columns]
     records, skipped = [], []
     for row in frame.to_dict("records"):
         times = (row[fused], row[f"{default}_ms"])
@@ -128,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
 
     repeats = frame["repeats"].max() if "repeats" in frame.columns else float("nan")
     repeats = int(repeats) if pd.notna(repeats) else 1
-    when = registry.result_meta(args.csv).get("date", "")
+    when = results.result_meta(args.csv).get("date", "")
     source = f"{_shown(args.csv)} (CUDA-graph medians of {repeats} repeat(s){', ' + when if when else ''})"
-    measured_at = registry.timestamp(when)
+    measured_at = results.timestamp(when)
 
     recorded = 0
     for row in table.itertuples(index=False):
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skipped {key}: {row.skipped or 'no registry entry'}")
             continue
         tuned = entry.meta.get("tuned_at", "")
-        tuned_at = registry.timestamp(tuned)
+        tuned_at = results.timestamp(tuned)
         if tuned_at and measured_at and tuned_at > measured_at:
             if not args.training:
                 keeps = "the entry keeps its tuning's decision"

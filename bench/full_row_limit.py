@@ -16,8 +16,9 @@ import helion
 import pandas as pd
 import torch
 
-from helion_kernels.kernels.limits import max_full_row_n
-from helion_kernels.kernels.postnorm_full_row import DEFAULT_CONFIG, SPEC_LAYERNORM, matmul_layernorm_kernel
+from helion_kernels.bench_specs import bench_spec
+from helion_kernels.limits import max_full_row_n
+from helion_kernels.techniques.postnorm.kernels import DEFAULT_CONFIG, SPEC_LAYERNORM, matmul_layernorm_kernel
 from helion_kernels.spec import Shape
 from helion_kernels.timing import time_ms
 from helion_kernels.verify import check_outputs
@@ -35,7 +36,7 @@ def main(out_csv: str, m: int = 65536, k: int = 1024) -> pd.DataFrame:
     for n in (512, 1024, 2048, 4096):
         shape = Shape(m, k, n)
         args = SPEC_LAYERNORM.make_args(shape, torch.bfloat16, "cuda", 0)
-        unfused = time_ms(SPEC_LAYERNORM.baselines(*args)["cublas+inductor_norm"])
+        unfused = time_ms(bench_spec(SPEC_LAYERNORM.name).baselines(*args)["cublas+inductor_norm"])
         for name, cfg in CONFIGS.items():
             row = {"M": m, "K": k, "N": n, "derived_limit": limit, "config": name,
                    "cublas+inductor_norm_ms": round(unfused, 5)}

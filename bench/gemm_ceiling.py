@@ -39,6 +39,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from helion_kernels import registry  # noqa: E402
+from helion_kernels import results as result_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = ("prenorm_rmsnorm", "postnorm_fullrow", "postnorm_split_n", "training")
@@ -67,7 +68,7 @@ def measurements(folder: Path) -> pd.DataFrame:
     for csv in sorted(folder.glob("*.csv")):
         if csv.stem in REPORTS:
             continue
-        df = registry.result_rows([csv], skip_unreadable=True)  # a stray or half-written file is named, left out
+        df = result_tables.result_rows([csv], skip_unreadable=True)  # a stray or half-written file is named, left out
         if df.empty or not {"dtype", *KEY} <= set(df.columns):
             continue
         # the bench writes the kernel's own timing column first, before the baselines
@@ -77,7 +78,7 @@ def measurements(folder: Path) -> pd.DataFrame:
         if "helion_gemm_vs_cublas" not in df and not {gemm_ms, "cublas_mm_ms"} <= set(df.columns):
             continue
         df = df[df["dtype"] == "bfloat16"].assign(kernel=kernel,
-                                                  balanced="column_order" in registry.result_meta(csv))
+                                                  balanced="column_order" in result_tables.result_meta(csv))
         if "repeats" not in df:
             df["repeats"] = 1
         if "helion_gemm_vs_cublas" not in df:  # from before the bench wrote the ratio: the medians' ratio
@@ -101,13 +102,13 @@ def report(gpu: str, results: Path, configs: Path) -> pd.DataFrame:
 
     found = measurements(results / gpu)
     timed = found.dropna(subset=["helion_gemm_vs_cublas"])
-    gemm = registry.newest_rows(timed, KEY)[
+    gemm = result_tables.newest_rows(timed, KEY)[
         [*KEY, "helion_gemm_vs_cublas", "helion_gemm_vs_cublas_spread", "repeats", "file", "measured_at"]]
-    fused = (registry.newest_rows(found.dropna(subset=["fused_vs_helion_gemm"]), [*KEY, "kernel"])
+    fused = (result_tables.newest_rows(found.dropna(subset=["fused_vs_helion_gemm"]), [*KEY, "kernel"])
              .pivot(index=KEY, columns="kernel", values="fused_vs_helion_gemm")
              .add_suffix("_vs_helion_gemm").reset_index())
     entries = registry.load_entries(configs / gpu / "matmul.json")
-    tuned = {key[:3]: registry.timestamp(entry.meta.get("tuned_at"))
+    tuned = {key[:3]: result_tables.timestamp(entry.meta.get("tuned_at"))
              for key, entry in entries.items() if key[3] == "bfloat16"}
     # every dated run since the row's own entry was tuned (all dated runs where it has none)
     since = pd.Series([tuned.get(tuple(k)) for k in timed[KEY].itertuples(index=False)], index=timed.index,

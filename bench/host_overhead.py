@@ -41,19 +41,19 @@ import pandas as pd
 CHECKOUT = Path(__file__).resolve().parent.parent
 
 
-def _cases(hk, torch):
+def _cases(hk, torch, device: str = "cpu"):
     """(op, shape key for the registry entry, eager call, custom-op call)."""
     bf16 = torch.bfloat16
     gen = torch.Generator().manual_seed(0)
 
     def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(bf16)
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=bf16)
 
     a, b, c = rand(256, 64), rand(64, 128), rand(128, 64)
     w128, bias128 = rand(128), rand(128)
-    rstd = torch.rand(256) + 0.5
+    rstd = (torch.rand(256) + 0.5).to(device)
     q, k, v = rand(40, 2, 64), rand(32, 2, 64), rand(32, 2, 64)
-    qo, ko = torch.tensor([0, 17, 40]), torch.tensor([0, 16, 32])
+    qo, ko = torch.tensor([0, 17, 40], device=device), torch.tensor([0, 16, 32], device=device)
     ops = torch.ops.helion_kernels
     gemm = (256, 64, 128)
     return [
@@ -86,24 +86,23 @@ def _fused_registry(folder: Path, cases) -> None:
     """A user registry with a "fused" entry on the CPU's key for each case's shape (the
     spec's default config, which generates code for any shape)."""
     from helion_kernels import registry
-    from helion_kernels.kernels import get_spec
+    from helion_kernels.techniques import get_spec
 
     for _, kernel, key, *_ in cases:
         if kernel is None:
             continue
-        spec = get_spec(kernel)
+        spec = _get_spec(kernel)
         fields = ("M", "K", "N") if len(key) == 3 else ("H", "D")
         config = json.loads(spec.default_config.to_json())
         entry = {**dict(zip(fields, key)), "dtype": "bfloat16", "config": config,
                  "dispatch": {"choice": "fused", "fused_ms": 1.0, "unfused_ms": 2.0,
                               "unfused": spec.dispatch_baseline, "margin": 1.02}}
-        path = folder / "cpu" / f"{kernel}.json"
+        path = folder / gpu / f"{kernel}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = json.loads(path.read_text()) if path.exists() else {"format": 1, "kernel": kernel, "gpu": "cpu",
+        data = json.loads(path.read_text()) if path.exists() else {"format": 1, "kernel": kernel, "gpu": gpu,
                                                                    "entries": []}
         data["entries"].append(entry)
         path.write_text(json.dumps(data))
-        registry.clear_cache() if hasattr(registry, "clear_cache") else None
 
 
 def _per_call_us(fn, calls: int, rounds: int) -> float:
@@ -161,10 +160,96 @@ def _child(calls: int, rounds: int) -> dict:
     return {f"{name}|{path}": value for (name, path), value in out.items()}
 
 
-def _run_child(folder: Path, calls: int, rounds: int) -> dict:
+def _host_us(torch, fn, calls: int, rounds: int) -> dict:
+    """Median over rounds of host microseconds per call (``calls`` back-to-back calls, no
+    synchronisation inside the loop) and wall microseconds (the final synchronisation included)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    host, wall = [], []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        host.append((t1 - t0) / calls * 1e6)
+        wall.append((time.perf_counter() - t0) / calls * 1e6)
+    return {"host_us": statistics.median(host), "wall_us": statistics.median(wall)}
+
+
+def _training_cases(hk, torch):
+    """(module, one fused training step, one step of the compiled PyTorch pair): M = 1024
+    tokens, K = N = 256, bf16, parameters' gradients only."""
+    from torch import nn
+
+    x = torch.randn(8, 128, 256, device="cuda", dtype=torch.bfloat16)
+    out = []
+    for cls, norm_first in ((hk.LinearLayerNorm, False), (hk.LinearRMSNorm, False), (hk.RMSNormLinear, True)):
+        module = cls(256, 256).to(device="cuda", dtype=torch.bfloat16)
+        pair = nn.Sequential(module.norm, module.linear) if norm_first else nn.Sequential(module.linear, module.norm)
+        compiled = torch.compile(pair)
+
+        def step(m):
+            return lambda: m(x).float().sum().backward()
+        out.append((cls.__name__, step(module), step(compiled)))
+    return out
+
+
+def _child_gpu(calls: int, rounds: int) -> dict:
+    """Whole calls on the GPU: each op eager, through its custom op and inside a compiled
+    function, beside ``torch.mm`` and the kernel's generated host function called directly;
+    the modules' training steps beside the compiled pair."""
+    import warnings
+
+    warnings.simplefilter("ignore")
+    folder = Path(tempfile.mkdtemp())
+    os.environ["HELION_KERNELS_CONFIG_DIR"] = str(folder)
+    import torch
+
+    import helion_kernels as hk
+    from helion_kernels import registry, runtime
+
+    cases = _cases(hk, torch, "cuda")
+    _fused_registry(folder, cases, registry.gpu_key(torch.device("cuda")))
+    out = {}
+    for name, _, _, eager, custom in cases:
+        paths = {"eager": eager, "custom_op": custom}
+        try:
+            compiled = torch.compile(eager, fullgraph=True)
+            compiled()
+            paths["compiled"] = compiled
+        except Exception as err:  # recorded, the rest goes on
+            out[f"{name}|compiled"] = {"host_us": float("nan"), "wall_us": float("nan"),
+                                       "note": f"{type(err).__name__}: {err}"[:160]}
+        for path, fn in paths.items():
+            out[f"{name}|{path}"] = _host_us(torch, fn, calls, rounds)
+        launches = getattr(runtime, "_LAUNCHES", None)
+        if launches:  # the generated host function of the op's last launch, called directly
+            seen = []
+            real = runtime.launch
+            runtime.launch = lambda spec, args: seen.append((spec, args)) or real(spec, args)
+            eager()
+            runtime.launch = real
+            if seen:
+                spec, args = seen[-1]
+                hit = launches.get(runtime._signature(spec.name, args))
+                if hit is not None:
+                    out[f"{name}|host_function"] = _host_us(torch, lambda: hit.run(*args), calls, rounds)
+    a, b = torch.randn(256, 64, device="cuda", dtype=torch.bfloat16), torch.randn(64, 128, device="cuda",
+                                                                                  dtype=torch.bfloat16)
+    out["torch.mm 256x64x128|eager"] = _host_us(torch, lambda: torch.mm(a, b), calls, rounds)
+    for module, fused, pair in _training_cases(hk, torch):
+        out[f"{module} step 1024x256x256|module"] = _host_us(torch, fused, max(calls // 10, 20), rounds)
+        out[f"{module} step 1024x256x256|compiled_pair"] = _host_us(torch, pair, max(calls // 10, 20), rounds)
+    return out
+
+
+def _run_child(folder: Path, calls: int, rounds: int, gpu: bool = False) -> dict:
+    child = "_child_gpu" if gpu else "_child"
     code = (f"import sys, json; sys.path.insert(0, {str(folder)!r}); sys.path.insert(1, {str(CHECKOUT / 'bench')!r}); "
-            f"import host_overhead; print(json.dumps(host_overhead._child({calls}, {rounds})))")
-    env = {**os.environ, "PYTHONPATH": str(folder)}
+            f"import host_overhead; print(json.dumps(host_overhead.{child}({calls}, {rounds})))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=folder)
     if done.returncode != 0:
         raise RuntimeError(f"child for {folder} failed:\n{done.stderr[-4000:]}")
@@ -173,48 +258,80 @@ def _run_child(folder: Path, calls: int, rounds: int) -> dict:
 
 def _commit(folder: Path) -> str:
     done = subprocess.run(["git", "-C", str(folder), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip() or "?"
+    if done.stdout.strip():
+        return done.stdout.strip()
+    stamp = folder / "COMMIT"  # an exported tree (git archive) records its commit here
+    return stamp.read_text().strip()[:7] if stamp.is_file() else "?"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", type=Path, help="another checkout to measure beside this one")
-    parser.add_argument("--out", type=Path, default=CHECKOUT / "bench" / "results" / "cpu")
-    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: bench/results/cpu (CPU) or bench/results/<gpu> (--gpu)")
+    parser.add_argument("--gpu", action="store_true", help="whole calls on the CUDA GPU, nothing stubbed")
+    parser.add_argument("--calls", type=int, default=None, help="calls per round (default 1000 on CPU, 200 on GPU)")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--processes", type=int, default=2, help="processes per package, averaged")
     args = parser.parse_args(argv)
+    calls = args.calls or (200 if args.gpu else 1000)
     runs = {"this checkout": CHECKOUT}
     if args.baseline is not None:
         runs["baseline"] = args.baseline.resolve()
     rows = []
     for _ in range(args.processes):  # the packages' processes interleaved, the machine's drift shared
         for label, folder in runs.items():
-            for key, value in _run_child(folder, args.calls, args.rounds).items():
+            for key, value in _run_child(folder, calls, args.rounds, args.gpu).items():
                 op, path = key.split("|")
                 rows.append({"op": op, "path": path, "package": label, "commit": _commit(folder), **value})
-    df = (pd.DataFrame(rows).groupby(["op", "path", "package", "commit"], sort=False)[["package_us", "total_us"]]
+    values = ["host_us", "wall_us"] if args.gpu else ["package_us", "total_us"]
+    df = (pd.DataFrame(rows).groupby(["op", "path", "package", "commit"], sort=False)[values]
           .mean().round(2).reset_index())
-    args.out.mkdir(parents=True, exist_ok=True)
-    df.to_csv(args.out / "host_overhead.csv", index=False)
-    wide = df.pivot_table(index=["op", "path"], columns="package", values=["package_us", "total_us"], sort=False)
+    gpu_name = ""
+    if args.gpu:
+        import torch
+
+        from helion_kernels import registry
+
+        gpu_name = torch.cuda.get_device_name()
+        out = args.out or CHECKOUT / "bench" / "results" / registry.gpu_key(torch.device("cuda"))
+    else:
+        out = args.out or CHECKOUT / "bench" / "results" / "cpu"
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "host_overhead.csv", index=False)
+    wide = df.pivot_table(index=["op", "path"], columns="package", values=values, sort=False)
     wide.columns = [f"{what} ({label})" for what, label in wide.columns]
     wide = wide.reset_index()
-    command = "python bench/host_overhead.py" + (f" --baseline <checkout of {_commit(args.baseline)}>"
-                                                 if args.baseline else "")
+    command = "python bench/host_overhead.py" + (" --gpu" if args.gpu else "") + (
+        f" --baseline <checkout of {_commit(args.baseline)}>" if args.baseline else "")
+    if args.gpu:
+        title = f"# Host time per eager call on {gpu_name}"
+        how = [f"- machine: {gpu_name}, {os.cpu_count()} CPU cores; host time per call: mean of {calls} back-to-back "
+               f"calls without synchronisation (training steps: {max(calls // 10, 20)}), median of {args.rounds} "
+               f"rounds, mean of {args.processes} processes per package (interleaved); `wall_us` includes the final "
+               "synchronisation",
+               "- every op on its fused kernel (a temporary registry entry at the shape, the spec's default config); "
+               "`eager`: the public function; `custom_op`: torch.ops.helion_kernels; `compiled`: inside "
+               "torch.compile(fullgraph=True); `host_function`: the kernel's generated host code called directly "
+               "(output allocation + Triton's launch), the floor a wrapper can reach",
+               "- aims (issue): a whole eager op call <= 30 us; a module training step's host time <= 1.2x the "
+               "compiled pair's"]
+    else:
+        title = "# Host time per call, the GPU launch stubbed (CPU)"
+        how = [f"- machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+               f"CPU time per call: mean of {calls} calls, median of {args.rounds} rounds, mean of "
+               f"{args.processes} processes per package (interleaved)",
+               "- `package_us`: the package's own Python (its hand-over to Helion stubbed); `total_us`: everything up "
+               "to Triton's launch (stubbed), Helion's binding and generated host code included",
+               "- aim (issue): `package_us` <= 10 us for every op; on a GPU a whole eager call <= 30 us"]
     text = "\n".join([
-        "# Host time per call, the GPU launch stubbed (CPU)", "",
+        title, "",
         f"- command: `{command}`",
         f"- date: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}; commits: "
         + ", ".join(f"{label} {_commit(folder)}" for label, folder in runs.items()),
-        f"- machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-        f"CPU time per call: mean of {args.calls} calls, median of {args.rounds} rounds, mean of "
-        f"{args.processes} processes per package (interleaved)",
-        "- `package_us`: the package's own Python (its hand-over to Helion stubbed); `total_us`: everything up to "
-        "Triton's launch (stubbed), Helion's binding and generated host code included",
-        "- aim (issue): `package_us` <= 10 us for every op; on a GPU a whole eager call <= 30 us", "",
+        *how, "",
         wide.round(1).to_markdown(index=False), ""])
-    (args.out / "host_overhead.md").write_text(text)
+    (out / "host_overhead.md").write_text(text)
     print(text)
     return 0
 

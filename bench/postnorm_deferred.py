@@ -35,8 +35,8 @@ import torch.nn.functional as F
 
 from helion_kernels import fold_rmsnorm_weight, matmul_rmsnorm_matmul, registry, runtime, workloads
 from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
-from helion_kernels.kernels.postnorm_deferred import SPEC, matmul_rmsnorm_matmul_reference
-from helion_kernels.kernels.postnorm_full_row import _liger
+from helion_kernels.techniques.deferred.kernels import SPEC, matmul_rmsnorm_matmul_reference
+from helion_kernels.bench_specs import liger_module as _liger
 from helion_kernels.timing import input_copies, measure_ceilings, time_ms
 from helion_kernels.verify import check_outputs
 

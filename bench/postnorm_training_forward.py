@@ -47,17 +47,18 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from helion_kernels.bench_specs import bench_spec
 from helion_kernels import registry, tuning, workloads
 from helion_kernels.benchmark import (BALANCED_ORDER, aim_bars, finish_plot, row_labels, run_meta, time_columns,
                                       workload_script_args, write_results)
 from helion_kernels.cli import positive_int
-from helion_kernels.kernels import get_spec
-from helion_kernels.ops import postnorm
+from helion_kernels.techniques import get_spec
+from helion_kernels.techniques import postnorm
 from helion_kernels.spec import Shape
 from helion_kernels.timing import input_copies, measure_ceilings
 from helion_kernels.verify import VerificationError, check_outputs
 
-KERNELS = {"matmul_layernorm": postnorm._matmul_layernorm_eager, "matmul_rmsnorm": postnorm._matmul_rmsnorm_eager}
+KERNELS = {"matmul_layernorm": postnorm._layernorm_eager, "matmul_rmsnorm": postnorm._rmsnorm_eager}
 UNFUSED = "cublas+inductor_norm"
 NOTES = ("`speedup_vs_best_unfused`: the unfused training forward's time over the fused one's (median of the "
          "per-repeat ratios; `speedup_spread` their max - min)",
@@ -75,13 +76,14 @@ def _reference(kernel: str, args: tuple) -> tuple:
 def _forward(kernel: str, args: tuple, fused: bool, keep: bool):
     """The op's eager forward (its dispatch bypassed by ``fused``): ``keep``, as autograd
     records it, returning (y, [mean,] rstd, h); else as inference runs it (y alone)."""
-    return KERNELS[kernel](*args, keep, fused, keep)
+    a, b, weight, bias, eps, layernorm = args
+    return KERNELS[kernel](*((a, b, weight, bias, eps) if layernorm else (a, b, weight, eps)), keep, fused, keep)
 
 
 def bench_row(kernel: str, shape: Shape, dtype: torch.dtype, device: torch.device, repeats: int) -> dict:
     spec = get_spec(kernel)
     torch._dynamo.reset()  # one fresh torch.compile per row
-    per_set = spec.min_bytes(shape, dtype) + shape.M * shape.N * dtype.itemsize  # + h
+    per_set = bench_spec(spec.name).min_bytes(shape, dtype) + shape.M * shape.N * dtype.itemsize  # + h
     arg_sets = [spec.make_args(shape, dtype, device, seed) for seed in range(input_copies(per_set, device))]
     row: dict = {**shape._asdict(), "dtype": registry.dtype_name(dtype)}
     ref = _reference(kernel, arg_sets[0])
@@ -101,8 +103,8 @@ def bench_row(kernel: str, shape: Shape, dtype: torch.dtype, device: torch.devic
     }
     products = [torch.mm(a[0], a[1]) for a in arg_sets]
     norm = postnorm._layer_norm_stats if kernel == "matmul_layernorm" else postnorm._rms_norm_stats
-    columns["inductor_norm"] = [functools.partial(postnorm._unfused_norm, norm, h, *a[2:]) for h, a in
-                                zip(products, arg_sets)]
+    columns["inductor_norm"] = [functools.partial(postnorm._unfused_norm, norm, h, *(a[2:5] if a[5] else a[2:5:2]))
+                                for h, a in zip(products, arg_sets)]
     repeated = time_columns(columns, repeats)
     times = {name: statistics.median(ts) for name, ts in repeated.items()}
     row.update({f"{name}_ms": t for name, t in times.items()})

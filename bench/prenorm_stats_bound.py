@@ -46,6 +46,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from helion_kernels import registry  # noqa: E402
+from helion_kernels import results
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = ["M", "K", "N"]
@@ -56,10 +57,10 @@ BYTES = 2  # bf16
 def newest(folder: Path, kernel: str) -> pd.DataFrame:
     """Per (M, K, N), the bf16 row of the newest dated benchmark of ``kernel`` in ``folder``
     (``<kernel>_prenorm_rmsnorm*.csv``), with its file name."""
-    rows = registry.result_rows(sorted(folder.glob(f"{kernel}_prenorm_rmsnorm*.csv")))
+    rows = results.result_rows(sorted(folder.glob(f"{kernel}_prenorm_rmsnorm*.csv")))
     # another kernel whose name starts with this one's, or an undated file, is left out
     rows = rows[rows.kernel.fillna(kernel).eq(kernel) & rows.measured_at.notna()]
-    return registry.newest_rows(rows[rows["dtype"] == "bfloat16"] if len(rows) else rows, KEY)
+    return results.newest_rows(rows[rows["dtype"] == "bfloat16"] if len(rows) else rows, KEY)
 
 
 IN_LOOP_VARIANTS = ("in_loop", "first_tile")  # pre_norm_variants.py's forms that sum squares in a GEMM k-loop
@@ -73,7 +74,7 @@ def in_loop_extra(variants_dir: Path) -> pd.DataFrame:
     run: the race is shape-dependent, so a tiling clean at one shape and racy at another is not
     trusted at either."""
     cols = [*KEY, "in_loop_extra_ms", "in_loop_variant", "in_loop_tiling"]
-    v = registry.result_rows(sorted(variants_dir.glob("pre_norm_variants*.csv")))
+    v = results.result_rows(sorted(variants_dir.glob("pre_norm_variants*.csv")))
     if v.empty:
         return pd.DataFrame(columns=cols)
     v["clean"] = (v.failed_draws == 0) & (v.nondeterministic_draws == 0)
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.results / args.gpu
     try:
         df = report(folder, args.where, args.hbm_tbps)
-    except registry.ResultTableError as err:  # a ValueError too: not the --where's fault
+    except results.ResultTableError as err:  # a ValueError too: not the --where's fault
         p.error(f"a result table cannot be read: {err}")
     except (pd.errors.UndefinedVariableError, SyntaxError, ValueError) as err:
         p.error(f"--where {args.where!r}: {err}")

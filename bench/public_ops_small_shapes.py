@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import helion_kernels as hk
-from helion_kernels.kernels.limits import max_full_row_n
+from helion_kernels.limits import max_full_row_n
 from helion_kernels.verify import check_outputs
 
 SHAPES = [(1, 3, 1), (1, 64, 1), (5, 3, 1), (1, 3, 2), (3, 17, 1), (1000, 512, 4096), (333, 256, 1000)]

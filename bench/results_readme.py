@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from helion_kernels import registry
+from helion_kernels import results as result_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -135,13 +136,13 @@ def _range(values: pd.Series) -> str:
 
 
 def _command_key(csv: Path) -> tuple | None:
-    """A result's command (its :func:`registry.result_meta`) without its ``--where`` and
+    """A result's command (its :func:`result_tables.result_meta`) without its ``--where`` and
     ``--repeats`` (what a re-run of some of its rows changes): the words before the first option,
     and the other options with their values in sorted order; None where the result records no
     command. A ``--where`` value runs to the next ``--`` option, so a command written unquoted
     (``" ".join(sys.argv)``) reads the same."""
     try:
-        command = registry.result_meta(csv).get("command")
+        command = result_tables.result_meta(csv).get("command")
     except (OSError, ValueError):
         return None
     if not isinstance(command, str) or not command.strip():
@@ -181,11 +182,11 @@ def _rows(gpu: str, stems: tuple[str, ...]) -> pd.DataFrame:
     some rows after a re-tune), only the newest file's row (the ``.json`` dates). A file whose
     ``.json`` names no kernel (the training steps: their rows are told apart by ``layer``) counts
     as a re-run of the first file's."""
-    df = registry.result_rows(RESULTS / gpu / f"{stem}.csv" for stem in stems)
+    df = result_tables.result_rows(RESULTS / gpu / f"{stem}.csv" for stem in stems)
     first = df.loc[df["file"] == f"{stems[0]}.csv", "kernel"].dropna()
     df["kernel"] = df["kernel"].fillna(first.iloc[0] if len(first) else stems[0])
     if {"M", "K", "N"} <= set(df.columns):  # GEMM rows: one per kernel, layer, shape and dtype
-        df = registry.newest_rows(df, ["kernel", *(c for c in ("layer", "M", "K", "N", "dtype") if c in df.columns)])
+        df = result_tables.newest_rows(df, ["kernel", *(c for c in ("layer", "M", "K", "N", "dtype") if c in df.columns)])
     return df.drop(columns=["kernel", "file", "measured_at"])
 
 

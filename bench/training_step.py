@@ -104,13 +104,13 @@ def _peak_mib(fn) -> float:
 def _paths(layer: str, fused: nn.Module, x: torch.Tensor) -> tuple[str, str]:
     """(forward path, backward path) the fused module takes at this shape, as the ops decide."""
     from helion_kernels import runtime
-    from helion_kernels.kernels import postnorm_full_row, rmsnorm_matmul, rmsnorm_matmul_backward
+    from helion_kernels.techniques.postnorm import kernels as postnorm_full_row
+    from helion_kernels.techniques.prenorm import kernels as prenorm
 
     w = fused.linear.weight.detach()
     if layer == "rmsnorm_linear":
         args = (x.detach(), w.t(), 1e-5)
-        forward, backward = (runtime.decide(rmsnorm_matmul.SPEC, args).fused,
-                             runtime.decide(rmsnorm_matmul_backward.SPEC, args).fused)
+        forward, backward = runtime.decide(prenorm.SPEC, args).fused, runtime.decide(prenorm.SPEC_BACKWARD, args).fused
         if not forward:  # the backward keeps the unfused forward's x_hat
             return ("inductor norm + cuBLAS",
                     "inductor norm backward (writes dA only) + cuBLAS GEMMs (wgrad on the kept x_hat)")

@@ -13,38 +13,15 @@ Public API (each op a ``torch.library`` custom op, usable under ``torch.compile`
     from helion_kernels import RMSNormLinear, LinearLayerNorm, LinearRMSNorm  # nn.Module drop-ins
     from helion_kernels import FlashNormAttention       # the attention block as a module
 
-Importing the package does not import Helion: each kernel module (and Helion) is imported
-by the first call that needs it. Configs come from the registry (:mod:`.registry`); the
-README says how to tune your own shapes (``helion-kernels autotune``).
+The names come from :data:`.techniques.TECHNIQUES` and :data:`.modules.__all__`. Importing
+the package does not import Helion (an op's first kernel launch does). Configs come from the
+registry (:mod:`.registry`); ``helion-kernels autotune`` tunes your own shapes.
 """
 
-from .modules import FlashNormAttention, LinearLayerNorm, LinearRMSNorm, RMSNormLinear
-from .ops import (
-    flash_norm_attention,
-    fold_rmsnorm_weight,
-    gdpa,
-    matmul,
-    matmul_layernorm,
-    matmul_layernorm_split_n,
-    matmul_rmsnorm,
-    matmul_rmsnorm_matmul,
-    matmul_rmsnorm_split_n,
-    rmsnorm_matmul,
-)
+from . import modules as _modules
+from .techniques import public_ops as _public_ops
 
-__all__ = [
-    "FlashNormAttention",
-    "LinearLayerNorm",
-    "LinearRMSNorm",
-    "RMSNormLinear",
-    "flash_norm_attention",
-    "fold_rmsnorm_weight",
-    "gdpa",
-    "matmul",
-    "matmul_layernorm",
-    "matmul_layernorm_split_n",
-    "matmul_rmsnorm",
-    "matmul_rmsnorm_matmul",
-    "matmul_rmsnorm_split_n",
-    "rmsnorm_matmul",
-]
+globals().update(_public_ops())
+globals().update({name: getattr(_modules, name) for name in _modules.__all__})
+
+__all__ = sorted([*_public_ops(), *_modules.__all__])

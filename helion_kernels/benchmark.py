@@ -33,7 +33,8 @@ import torch
 from helion.runtime.ref_mode import RefMode
 
 from . import registry, runtime
-from .kernels import get_spec
+from .bench_specs import bench_spec
+from .techniques import get_spec
 from .spec import KernelSpec, Problem
 from .timing import Ceilings, input_copies, measure_ceilings, time_ms
 from .tuning import tuning_problems, versions
@@ -91,7 +92,8 @@ def bench_problem(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device
     fused kernel over its twin); with ``repeats`` > 1 also their spread (``_spread``: max - min
     of the per-repeat ratios) and ``repeats``."""
     torch._dynamo.reset()  # one fresh torch.compile per row, no recompile limit
-    n_sets = input_copies(spec.min_bytes(problem, dtype), device)
+    bench = bench_spec(spec.name)
+    n_sets = input_copies(bench.min_bytes(problem, dtype), device)
     arg_sets = [spec.make_args(problem, dtype, device, seed) for seed in range(n_sets)]
     row: dict = {**problem.columns(), "dtype": registry.dtype_name(dtype)}
 
@@ -105,14 +107,14 @@ def bench_problem(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device
         row["check"] = f"FAILED: {err}"
 
     columns = {spec.name: [functools.partial(runtime.launch, spec, a) for a in arg_sets]}
-    if spec.gemm_twin is not None:
-        twin = get_spec(spec.gemm_twin)
+    if bench.gemm_twin is not None:
+        twin = get_spec(bench.gemm_twin)
         columns[f"helion_{twin.name}"] = [functools.partial(runtime.launch, twin, a[:2]) for a in arg_sets]
         row[f"helion_{twin.name}_config"] = runtime.resolved_config(twin, arg_sets[0][:2]).source
-    baseline_sets = [spec.baselines(*a) for a in arg_sets]
-    if spec.checked_baselines:
+    baseline_sets = [bench.baselines(*a) for a in arg_sets]
+    if bench.checked_baselines:
         ref = spec.reference(*arg_sets[0])
-        for name in spec.checked_baselines:
+        for name in bench.checked_baselines:
             try:
                 check_outputs(baseline_sets[0][name](), ref, dtype)
                 row[f"{name}_check"] = "ok"
@@ -121,14 +123,14 @@ def bench_problem(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device
         del ref
     for name in baseline_sets[0]:
         columns[name] = [b[name] for b in baseline_sets]
-    if spec.dispatch_fused is not None:  # the kernel is one launch of the op: time the whole op too
-        columns["fused_op"] = [spec.dispatch_fused(functools.partial(runtime.launch, spec), a) for a in arg_sets]
+    if bench.dispatch_fused is not None:  # the kernel is one launch of the op: time the whole op too
+        columns["fused_op"] = [bench.dispatch_fused(functools.partial(runtime.launch, spec), a) for a in arg_sets]
     repeated = time_columns(columns, repeats)
     times = {name: statistics.median(ts) for name, ts in repeated.items()}
     row.update({f"{k}_ms": v for k, v in times.items()})
     if repeats > 1:
         row["repeats"] = repeats
-    twin_column = f"helion_{spec.gemm_twin}" if spec.gemm_twin is not None else None
+    twin_column = f"helion_{bench.gemm_twin}" if bench.gemm_twin is not None else None
     # the plain GEMM's own benchmark: the kernel timed is the Helion GEMM the ratio is about
     gemm_column = spec.name if spec.name == "matmul" else twin_column
     for name, num, den in (("helion_gemm_vs_cublas", gemm_column, "cublas_mm"),
@@ -140,14 +142,14 @@ def bench_problem(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device
                 row[f"{name}_spread"] = max(ratios) - min(ratios)
 
     fused = times[spec.name]
-    if spec.norm_baseline is not None:
-        norm = times[spec.norm_baseline]
-        gemm = times.get(f"helion_{spec.gemm_twin}")
+    if bench.norm_baseline is not None:
+        norm = times[bench.norm_baseline]
+        gemm = times.get(f"helion_{bench.gemm_twin}")
         if gemm is not None:
             row["saved_vs_helion_gemm_pct"] = 100 * (gemm + norm - fused) / norm
         if "cublas+inductor_norm" in times:
             row["saved_vs_cublas_inductor_pct"] = 100 * (times["cublas+inductor_norm"] - fused) / norm
-    unfused = {n: times[n] for n in spec.unfused_baselines if n in times}
+    unfused = {n: times[n] for n in bench.unfused_baselines if n in times}
     for name, t in unfused.items():
         row[f"speedup_vs_{name}"] = t / fused
     if unfused:
@@ -158,17 +160,17 @@ def bench_problem(spec: KernelSpec, problem: Problem, dtype: torch.dtype, device
         decision = runtime.decide(spec, arg_sets[0])
         chosen = decision.fused
         # the unfused pipeline the entry names (Liger's norm where it measured faster), where timed
-        path = decision.pipeline if spec.dispatch_alternatives else None
+        path = decision.pipeline if bench.dispatch_alternatives else None
         path = path if path in times else spec.dispatch_baseline
         row["dispatch"] = registry.dispatch_text({"choice": "fused" if chosen else "unfused", "unfused": path})
         row["dispatched_ms"] = times.get("fused_op", fused) if chosen else times[path]
-        pipelines = unfused if spec.dispatch_fused is None else {spec.dispatch_baseline: times[spec.dispatch_baseline]}
+        pipelines = unfused if bench.dispatch_fused is None else {spec.dispatch_baseline: times[spec.dispatch_baseline]}
         if pipelines:
             row["dispatched_speedup_vs_best_unfused"] = min(pipelines.values()) / row["dispatched_ms"]
     if "cublas_mm" in times:
         row["vs_cublas_mm"] = fused / times["cublas_mm"]
-    row["byte_floor_ms"] = spec.min_bytes(problem, dtype) / (ceilings.bandwidth_gbps * 1e9) * 1e3
-    row["flop_floor_ms"] = spec.flops(problem) / (ceilings.bf16_tflops * 1e12) * 1e3
+    row["byte_floor_ms"] = bench.min_bytes(problem, dtype) / (ceilings.bandwidth_gbps * 1e9) * 1e3
+    row["flop_floor_ms"] = bench.flops(problem) / (ceilings.bf16_tflops * 1e12) * 1e3
     row["fused_over_floor"] = fused / max(row["byte_floor_ms"], row["flop_floor_ms"])
     return row
 
@@ -181,7 +183,8 @@ def run_benchmark(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype,
     ceilings = measure_ceilings(device)
     rows = [bench_problem(spec, p, dtype, device, ceilings, repeats)
             for p in track(problems, description=f"bench {spec.name}", transient=True)]
-    meta = run_meta(device, ceilings, kernel=spec.name, relative_to=spec.plot_relative_to, aim=spec.aim,
+    bench = bench_spec(spec.name)
+    meta = run_meta(device, ceilings, kernel=spec.name, relative_to=bench.plot_relative_to, aim=bench.aim,
                     column_order=BALANCED_ORDER)
     if repeats > 1:
         meta["timing"] += (f"; every column timed in {repeats} repeats; the medians reported, and the GEMM "

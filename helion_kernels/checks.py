@@ -12,7 +12,7 @@ from numbers import Integral, Real
 
 import torch
 
-from .kernels.limits import ACTIVATIONS
+from .limits import ACTIVATIONS
 from .registry import DTYPE_NAMES, dtype_name
 
 SUPPORTED_DTYPES = tuple(getattr(torch, name) for name in DTYPE_NAMES)

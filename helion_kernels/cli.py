@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from . import registry, workloads
-from .kernels import CATALOG, DEPRECATED, canonical_name, get_spec
+from .techniques import CATALOG, DEPRECATED, canonical_name, get_spec
 
 DTYPES = {name: getattr(torch, name) for name in registry.DTYPE_NAMES}
 WIDTH = 120  # what the CPU report is laid out for
@@ -41,11 +41,13 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="helion-kernels", description=(
         "Tune, benchmark and list the fused GEMM / attention + norm kernels of helion-kernels."))
     sub = p.add_subparsers(dest="command", required=True)
-    kernels = ", ".join(CATALOG)
+    ops = [name for name, entry in CATALOG.items() if entry.public]
+    inside = [f"{name} ({entry.technique.split(':')[0]})" for name, entry in CATALOG.items() if not entry.public]
 
     def common(sp: argparse.ArgumentParser, shape: bool) -> None:
-        sp.add_argument("--kernel", required=True, choices=[*CATALOG, *DEPRECATED], metavar="KERNEL",
-                        help=f"one of: {kernels}")
+        sp.add_argument("--kernel", required=True, choices=_KernelChoices([*ops, *(n for n in CATALOG if n not in ops)]),
+                        metavar="KERNEL", help=f"an op: {', '.join(ops)}; or a kernel an op runs inside it: "
+                                               f"{'; '.join(inside)}")
         group = sp.add_mutually_exclusive_group(required=True)
         if shape:
             group.add_argument("--shape", help="one GEMM shape M,K,N (GEMM-shaped kernels)")
@@ -104,6 +106,14 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="kernels, workloads and registry coverage")
     return p
+
+
+class _KernelChoices(list):
+    """The --kernel names argparse lists; an old name (:data:`~.techniques.DEPRECATED`) is
+    accepted too, with a note, but not offered."""
+
+    def __contains__(self, name) -> bool:
+        return super().__contains__(name) or name in DEPRECATED
 
 
 def positive_int(value: str) -> int:
@@ -185,139 +195,6 @@ def _stem(args: argparse.Namespace, kernel: str) -> str:
     return stem if args.dtype == "bfloat16" else f"{stem}_{args.dtype}"
 
 
-def _natural(path: Path) -> list:
-    """Sort key: the numbers in a file name by value (``..._M_65536`` before ``..._M_131072``)."""
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", path.name)]
-
-
-def _committed_summary(df, path: Path, spec) -> str:
-    """A committed result table as text that fits :data:`WIDTH` columns: the row, the fused
-    kernel's latency, the best unfused pipeline's, the speed-up and the latency saved; for an
-    op with a dispatcher, the path it runs and that path's speed-up."""
-    import pandas as pd
-
-    from .benchmark import row_labels
-
-    fused_col = next((c for c in df.columns if c.endswith("_ms") and c.startswith(spec.name)), None)
-    unfused = [f"{n}_ms" for n in spec.unfused_baselines if f"{n}_ms" in df.columns]
-    if fused_col is None or not unfused:
-        return f"(columns not recognised; see {path})"
-    out = pd.DataFrame({"row": row_labels(df), "fused_ms": df[fused_col],
-                        "best_unfused_ms": df[unfused].min(axis=1)})
-    out["speedup"] = out["best_unfused_ms"] / out["fused_ms"]
-    if "saved_vs_cublas_inductor_pct" in df.columns:
-        out["saved_pct"] = df["saved_vs_cublas_inductor_pct"]
-    if {"dispatch", "dispatched_speedup_vs_best_unfused"} <= set(df.columns):
-        out["runs"] = df["dispatch"]
-        out["runs_speedup"] = df["dispatched_speedup_vs_best_unfused"]
-    return out.to_string(index=False, float_format=lambda v: f"{v:.4g}")
-
-
-def _retuned_since(df, measured, spec, gpu: str) -> list[bool] | None:
-    """Per row of a committed result table measured at ``measured`` (the ``date`` of the
-    file's JSON, :func:`registry.result_meta`): whether the registry entry at exactly its shape
-    was tuned after the benchmark ran, so the committed times are not the config a call runs
-    there. None where that is not known (no date, no M/K/N/dtype columns). The registry is the
-    merged one (a user's own re-tune counts)."""
-    date = registry.timestamp(measured)
-    if date is None or not {"M", "K", "N", "dtype"} <= set(df.columns):
-        return None
-    newer = []
-    for entry in _exact_entries(df, spec, gpu):
-        tuned = registry.timestamp(entry.meta.get("tuned_at")) if entry is not None else None
-        newer.append(tuned is not None and tuned > date)
-    return newer
-
-
-def _exact_entries(df, spec, gpu: str) -> list:
-    """Per row of a result table with M, K, N and dtype columns: the registry entry (merged
-    layers) at exactly that key, None where there is none or the row has no shape."""
-    entries = registry.entries_for(spec.name, gpu)
-    found = []
-    for r in df.itertuples():
-        try:
-            found.append(entries.get((int(r.M), int(r.K), int(r.N), r.dtype)))
-        except (TypeError, ValueError):  # a row without a shape
-            found.append(None)
-    return found
-
-
-def _decisions_changed(df, spec, gpu: str) -> list[str]:
-    """Rows of a committed result table whose recorded path (``dispatch``) is not the one the
-    registry's exact entry names today: ``"<row>: then <path>, now <path>"``."""
-    from .benchmark import row_labels
-
-    if "dispatch" not in df.columns or not {"M", "K", "N", "dtype"} <= set(df.columns):
-        return []
-    out = []
-    for label, then, entry in zip(row_labels(df), df["dispatch"], _exact_entries(df, spec, gpu)):
-        record = entry.meta.get("dispatch") if entry is not None else None
-        if record and isinstance(then, str) and registry.dispatch_text(record) != then:
-            out.append(f"{label}: then {then}, now {registry.dispatch_text(record)}")
-    return out
-
-
-def _print_committed(args: argparse.Namespace, spec) -> None:
-    """The committed GPU results of this kernel and workload, compactly."""
-    import pandas as pd
-
-    from .benchmark import row_labels
-
-    results = _CHECKOUT / "bench" / "results"
-    shown = 0
-    for gpu in registry.known_gpus():
-        paths = [results / gpu / f"{_stem(args, spec.name)}.csv"]
-        if not paths[0].is_file():  # this exact selection if it was benchmarked, else any of the workload
-            paths = sorted((results / gpu).glob(f"{spec.name}_{args.workload}*.csv"), key=_natural)
-        tables = [(path, pd.read_csv(path)) for path in paths]
-        note = ""
-        if args.where:  # the files' rows of the selection; all rows of each file only if none has any
-            picked = []
-            for path, df in tables:
-                try:
-                    picked.append((path, df.query(args.where)))
-                except Exception:  # a column the file lacks
-                    picked.append((path, df.iloc[:0]))
-            if any(len(df) for _, df in picked):
-                tables = [(path, df) for path, df in picked if len(df)]
-            else:
-                note = "No committed row matches --where; all rows shown:"
-        for path, df in tables:
-            shown += 1
-            table = _committed_summary(df, path, spec)
-            saved = ("; saved_pct = % of the inductor norm's latency saved against cuBLAS + inductor norm"
-                     if "saved_pct" in table else "")
-            if "runs_speedup" in table:
-                saved += ("; runs = the path the op took when this was measured (the registry's decision then), "
-                          "runs_speedup = best_unfused_ms / its time")
-            dtypes = ", ".join(sorted(set(df["dtype"]))) if "dtype" in df.columns else "dtype not recorded"
-            date = registry.result_meta(path).get("date", "")
-            print("\n" + textwrap.fill(
-                f"Committed results measured on {gpu} ({dtypes}{', ' + date[:16] if date else ''}): "
-                f"{path.relative_to(_CHECKOUT)} (full table: "
-                f"{path.with_suffix('.md').name}). fused_ms = this kernel, best_unfused_ms = the fastest "
-                f"unfused pipeline, speedup = best_unfused_ms / fused_ms{saved}.", WIDTH) + "\n")
-            if note:
-                print(note)
-            print(table)
-            changed = _decisions_changed(df, spec, gpu)
-            if changed:
-                print("\n" + textwrap.fill(
-                    "The registry's decision has changed since this benchmark at: " + "; ".join(changed)
-                    + " (the registry was updated after this run: a re-tune, or a decision re-derived from "
-                    "these medians by bench/dispatch_from_bench.py).", WIDTH))
-            retuned = _retuned_since(df, date, spec, gpu)
-            if retuned is not None and any(retuned):
-                rows = [label for label, newer in zip(row_labels(df), retuned) if newer]
-                print("\n" + textwrap.fill(
-                    f"Re-tuned since this benchmark ({date[:10]}): {', '.join(rows)}. The registry's "
-                    "config and fused/unfused decision there are newer than these times (see the tuning "
-                    f"report, bench/results/{gpu}/tuning_report.md); a benchmark on a GPU measures them.", WIDTH))
-    if not shown:
-        print("\n" + textwrap.fill(f"No committed GPU results of {spec.name} on the {args.workload} rows selected; "
-                                   "the measured variants and diagnostics are listed in bench/results/README.md.", WIDTH))
-
-
 def _cpu_bench(args: argparse.Namespace, spec, problems: list) -> int:
     from .benchmark import cpu_report
 
@@ -352,7 +229,9 @@ def _cpu_bench(args: argparse.Namespace, spec, problems: list) -> int:
     for row in failed.itertuples():
         print(textwrap.fill(f"FAILED {row.gpu} {dict(row._asdict())}: {row.codegen}", WIDTH,
                             subsequent_indent="  "))
-    _print_committed(args, spec)
+    from .results import print_committed
+
+    print_committed(spec, _stem(args, spec.name), args.workload, args.where)
     print(f"\n{len(report) - len(failed)} of {len(report)} configs compile. "
           "Numerical CPU checks: see the README's test command.")
     return 1 if len(failed) else 0
@@ -432,13 +311,24 @@ def _layers(layers: dict) -> str:
     return f" ({mine}; {len(shipped)} shipped)" if shipped else " (all yours)"
 
 
+def _shape_value_joined(argv: list[str]) -> list[str]:
+    """``--shape -4,5,5`` as ``--shape=-4,5,5``: argparse takes a value that starts with "-"
+    for an option, which would hide the shape's own error message."""
+    argv = list(argv)
+    for i, arg in enumerate(argv[:-1]):
+        if arg == "--shape" and argv[i + 1].startswith("-"):
+            argv[i:i + 2] = [f"--shape={argv[i + 1]}"]
+            break
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
     try:  # the parser lists the workload tables, which reads the user registry folder
         parser = _parser()
     except registry.RegistryError as err:
         print(f"helion-kernels: error: {err}", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_shape_value_joined(sys.argv[1:] if argv is None else argv))
     handler = {"autotune": _cmd_autotune, "bench": _cmd_bench, "list": _cmd_list}[args.command]
     try:
         if getattr(args, "kernel", None):

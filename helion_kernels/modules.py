@@ -37,7 +37,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ops import flash_norm_attention, matmul_layernorm, matmul_rmsnorm, rmsnorm_matmul
+from .techniques.attention import flash_norm_attention
+from .techniques.postnorm import matmul_layernorm, matmul_rmsnorm
+from .techniques.prenorm import rmsnorm_matmul
+
+__all__ = ["FlashNormAttention", "LinearLayerNorm", "LinearRMSNorm", "RMSNormLinear"]
 
 
 def _check_x(module: nn.Module, x) -> None:
@@ -296,7 +300,7 @@ class FlashNormAttention(nn.Module):
                  qk_scale: float = 1.0, elementwise_affine: bool = True, ln_bias: bool = True,
                  device=None, dtype=None) -> None:
         super().__init__()
-        from .kernels.limits import ACTIVATIONS
+        from .limits import ACTIVATIONS
 
         if not (isinstance(num_heads, int) and num_heads >= 1 and isinstance(head_dim, int) and head_dim >= 16):
             raise ValueError(f"FlashNormAttention: num_heads must be >= 1 and head_dim >= 16 (the smallest "

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from . import liger_norm, registry
-from .kernels import cpu_reference_mode
+from . import cpu_reference_mode
 from .spec import KernelSpec
 
 
@@ -243,7 +243,7 @@ def launch(spec: KernelSpec, args: tuple):
         return hit.run(*args)
     if reference_mode(spec.kernel):
         return spec.kernel(*args)
-    from triton.runtime.errors import OutOfResources
+    from triton.runtime.errors import InterpreterError, OutOfResources
 
     resolved = _resolved(spec, args)
     original = resolved.config
@@ -256,6 +256,11 @@ def launch(spec: KernelSpec, args: tuple):
                 raise
             resolved = _smaller(spec, args, resolved, original, err)
             continue
+        except InterpreterError as err:
+            raise RuntimeError(
+                f"{spec.name}: Triton's interpreter (TRITON_INTERPRET=1) cannot run this kernel "
+                f"({str(err).strip().splitlines()[-1][:160]}); to run the ops on a CPU, set HELION_INTERPRET=1 "
+                f"instead (Helion's reference mode)") from err
         if key is not None:
             _store(_LAUNCHES, key, _Launch(run, resolved))
         return out
@@ -348,7 +353,7 @@ def _decide(spec: KernelSpec, args: tuple, fused: bool | None, training: bool) -
         limit = spec.n_limit(a.dtype, device)
         if n > limit:
             if fused:
-                from .kernels.limits import check_full_row_n
+                from .limits import check_full_row_n
 
                 check_full_row_n(n, a.dtype, device, op=spec.name)
             return Decision(False, spec.dispatch_baseline)

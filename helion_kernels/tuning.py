@@ -36,6 +36,7 @@ import helion
 import torch
 
 from . import registry
+from .bench_specs import bench_spec
 from .parallel import error_text, result_line
 from .spec import KernelSpec, Problem
 from .timing import time_ms
@@ -150,7 +151,7 @@ def tuning_problems(spec: KernelSpec, problems: list[Problem]) -> dict:
     picked: dict = {}
     for problem in problems:
         best = picked.get(problem.key)
-        if best is None or spec.flops(problem) > spec.flops(best):
+        if best is None or bench_spec(spec.name).flops(problem) > bench_spec(spec.name).flops(best):
             picked[problem.key] = problem
     return picked
 
@@ -229,13 +230,14 @@ def tune_problem(
     extra = {} if problem == key else {"tuned_on": problem.columns()}
     decision = ""
     if spec.dispatch_baseline is not None:
-        baselines = spec.baselines(*args)
+        bench = bench_spec(spec.name)
+        baselines = bench.baselines(*args)
         unfused_ms = time_ms(baselines[spec.dispatch_baseline])
         # Liger's pipeline where the spec offers it and liger-kernel is installed (else absent)
-        alternatives = {name: time_ms(baselines[name]) for name in spec.dispatch_alternatives if name in baselines}
-        fused_ms = latency if spec.dispatch_fused is None else time_ms(spec.dispatch_fused(bound, args))
+        alternatives = {name: time_ms(baselines[name]) for name in bench.dispatch_alternatives if name in baselines}
+        fused_ms = latency if bench.dispatch_fused is None else time_ms(bench.dispatch_fused(bound, args))
         extra["dispatch"] = dispatch_decision(fused_ms, unfused_ms, spec.dispatch_baseline, alternatives)
-        whole = "" if spec.dispatch_fused is None else f"fused op {fused_ms:.4f} ms, "
+        whole = "" if bench.dispatch_fused is None else f"fused op {fused_ms:.4f} ms, "
         timed = extra["dispatch"].get("unfused_timed_ms", {spec.dispatch_baseline: unfused_ms})
         path = extra["dispatch"]["unfused"]  # the unfused path first, then any other timed
         pipelines = ", ".join(f"{name}: {timed[name]:.4f} ms" for name in sorted(timed, key=lambda name: name != path))
@@ -561,7 +563,7 @@ def tune(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype, options:
     not started: its result says "not started", and a later sweep tunes it.
     """
     picked = tuning_problems(spec, problems)
-    order = sorted(picked, key=lambda key: -spec.flops(picked[key]))
+    order = sorted(picked, key=lambda key: -bench_spec(spec.name).flops(picked[key]))
     name = registry.dtype_name(dtype)
     labels = {key: f"{picked[key]} {name}" for key in order}
     if gpus is not None and len(gpus) > 1:
@@ -582,7 +584,7 @@ def failed_result(key, message: str) -> TuneResult:
 def _tune_job(payload: tuple) -> TuneResult:
     """One key on a worker process pinned to its GPU (``cuda:0`` there): ``payload`` =
     (kernel name, problem, dtype, options); the spec is looked up here (it does not pickle)."""
-    from .kernels import get_spec
+    from .techniques import get_spec
 
     kernel, problem, dtype, options = payload
     return tune_problem(get_spec(kernel), problem, dtype, options, torch.device("cuda"), progress_bar=False)

@@ -6,12 +6,18 @@ from __future__ import annotations
 import helion
 import torch
 
-from helion_kernels.kernels.postnorm_full_row import (
-    SPEC_LAYERNORM,
-    matmul_layernorm_reference,
-    matmul_rmsnorm_reference,
-)
+from helion_kernels.techniques.postnorm.kernels import EPS, LAYERNORM, RMSNORM, SPEC_LAYERNORM, matmul_norm_reference
 from helion_kernels.spec import Shape
+
+
+def matmul_layernorm_reference(a, b, weight=None, bias=None, eps=EPS, linear_bias=None, residual=None):
+    """:func:`matmul_norm_reference` of LayerNorm, with the op's argument order: (y, mean, rstd)."""
+    return matmul_norm_reference(a, b, weight, bias, eps, LAYERNORM, linear_bias, residual)
+
+
+def matmul_rmsnorm_reference(a, b, weight=None, eps=EPS, linear_bias=None, residual=None):
+    """:func:`matmul_norm_reference` of RMSNorm, with the op's argument order: (y, rstd)."""
+    return matmul_norm_reference(a, b, weight, None, eps, RMSNORM, linear_bias, residual)
 
 
 def norm_inputs(shape: Shape, dtype, device, seed: int, affine: str, large_mean: bool = False,
@@ -21,7 +27,7 @@ def norm_inputs(shape: Shape, dtype, device, seed: int, affine: str, large_mean:
     has mean ~1e3 and spread ~1 (``a[:, -1] = 1``, ``b[-1, :] = 1000``); ``ramp`` adds an
     integer column ramp from -ramp to +ramp to every row, so that N tiles' means differ by
     ~ramp."""
-    a, b, _, _, eps = SPEC_LAYERNORM.make_args(shape, dtype, device, seed)
+    a, b, _, _, eps, _ = SPEC_LAYERNORM.make_args(shape, dtype, device, seed)
     if large_mean or ramp:
         a[:, -1] = 1
         # Integers: exact in TF32, which fp32 operands run on (a rounded 1e3 is off by ~0.5).

@@ -11,8 +11,10 @@ import pandas as pd
 import pytest
 import torch
 
+from helion_kernels import bench_specs
+from helion_kernels.bench_specs import bench_spec
 from helion_kernels import benchmark, runtime, tuning
-from helion_kernels.kernels import flash_norm_attention as fna
+from helion_kernels.techniques.attention import kernels as fna
 from helion_kernels.spec import AttentionRow, AttentionShape
 from helion_kernels.timing import Ceilings
 
@@ -35,8 +37,8 @@ def test_make_args_same_lengths_other_values():
     assert torch.equal(a[4], torch.arange(0, 8 * 3 + 1, 8))
     assert a[5] == ROW.max_seq_len_q and max(ROW.q_lengths()) <= a[5]
     assert not torch.equal(a[0], b[0]) and a[6].shape == (2, 16)
-    assert SPEC.min_bytes(ROW, torch.float32) == 4 * (2 * a[0].numel() + 2 * a[1].numel())
-    assert SPEC.flops(ROW) == 4 * 2 * 16 * 8 * sum(ROW.q_lengths())
+    assert bench_spec(SPEC.name).min_bytes(ROW, torch.float32) == 4 * (2 * a[0].numel() + 2 * a[1].numel())
+    assert bench_spec(SPEC.name).flops(ROW) == 4 * 2 * 16 * 8 * sum(ROW.q_lengths())
     assert SPEC.key_of(a) == ROW.key == AttentionShape(2, 16)
     assert ROW.columns()["total_q"] == a[0].shape[0]
 
@@ -44,7 +46,7 @@ def test_make_args_same_lengths_other_values():
 @pytest.fixture
 def eager_block(monkeypatch):
     """The compiled unfused block, eager (compiling it with inductor on CPU takes minutes)."""
-    monkeypatch.setattr(fna, "compiled_unfused_block", lambda: fna.unfused_block)
+    monkeypatch.setattr(bench_specs, "compiled_unfused_block", lambda: bench_specs.unfused_block)
 
 
 @pytest.mark.ref_mode

@@ -10,11 +10,10 @@ import pytest
 import torch
 
 import helion_kernels as hk
-from helion_kernels import grads
-from helion_kernels.kernels.flash_norm_attention import flash_norm_attention_reference
-from helion_kernels.kernels.gdpa import gdpa_reference, random_jagged_inputs
-from helion_kernels.kernels.limits import ACTIVATIONS
-from helion_kernels.ops import attention
+from helion_kernels.techniques.attention.kernels import flash_norm_attention_reference
+from helion_kernels.techniques.attention.kernels import gdpa_reference, random_jagged_inputs
+from helion_kernels.limits import ACTIVATIONS
+from helion_kernels.techniques import attention
 from helion_kernels.verify import check_outputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -188,7 +187,7 @@ def test_backward_is_deterministic():
 class _Block(torch.autograd.Function):
     """float64 forward of the block on rows [T, W] with a dense stand-in for the attention
     (``ln @ m``: any differentiable map of ``ln`` checks the formulas' plumbing), backward by
-    :func:`grads.fna_output_backward` and :func:`grads.fna_input_backward`."""
+    :func:`attention.fna_output_backward` and :func:`attention.fna_input_backward`."""
 
     @staticmethod
     def forward(ctx, q, m, lw, lb, rw):
@@ -204,10 +203,10 @@ class _Block(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         q, m, lw, lb, rw, o, stats = ctx.saved_tensors
-        do, ln, drw = grads.fna_output_backward(dy, o, q, stats, lw, lb, rw)
+        do, ln, drw = attention.fna_output_backward(dy, o, q, stats, lw, lb, rw)
         dln_attention = do @ m.t()
         dm = ln.t() @ do
-        dq, dlw, dlb = grads.fna_input_backward(dy, do, dln_attention, q, stats, lw)
+        dq, dlw, dlb = attention.fna_input_backward(dy, do, dln_attention, q, stats, lw)
         return dq, dm, dlw, dlb, drw
 
 

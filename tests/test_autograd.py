@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 
 import helion_kernels as hk
-from helion_kernels import grads as _grad
+from helion_kernels.techniques import deferred
+from helion_kernels import autograd
 from helion_kernels import runtime
-from helion_kernels.ops import postnorm, prenorm, split_n
-from helion_kernels.kernels.rmsnorm_matmul_backward import SPEC as BACKWARD_SPEC
+from helion_kernels.techniques import postnorm, prenorm, split_n
+from helion_kernels.techniques.prenorm.kernels import SPEC_BACKWARD as BACKWARD_SPEC
 from helion_kernels.verify import check_outputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -215,7 +216,7 @@ def test_backward_follows_the_registry(choice, decisions):
     import helion
 
     from helion_kernels import registry
-    from helion_kernels.kernels.rmsnorm_matmul_backward import SPEC
+    from helion_kernels.techniques.prenorm.kernels import SPEC_BACKWARD as SPEC
     from helion_kernels.spec import Shape
 
     args = SPEC.make_args(Shape(9, 24, 20), torch.float32, "cpu", 0)
@@ -271,10 +272,10 @@ def _opcheck_cases():
         # b = W.t() (a Linear weight): dB comes back laid out as b, W's gradient row-major
         ("rmsnorm_matmul_column_major_b", prenorm._OP, (a, wt.t(), EPS, None)),
         ("rmsnorm_matmul_unfused_column_major_b", prenorm._OP, (a, wt.t(), EPS, False)),
-        ("matmul_rmsnorm_matmul_column_major_b", split_n._DEFERRED, (a, wt.t(), c, EPS, False)),
+        ("matmul_rmsnorm_matmul_column_major_b", deferred._DEFERRED, (a, wt.t(), c, EPS, False)),
         ("matmul_layernorm_split_n", split_n._LAYERNORM, (a, b, w, bias, EPS, None)),
-        ("matmul_rmsnorm_matmul", split_n._DEFERRED, (a, b, c, EPS, True)),
-        ("matmul_rmsnorm_matmul_unfused", split_n._DEFERRED, (a, b, c, EPS, False)),
+        ("matmul_rmsnorm_matmul", deferred._DEFERRED, (a, b, c, EPS, True)),
+        ("matmul_rmsnorm_matmul_unfused", deferred._DEFERRED, (a, b, c, EPS, False)),
     ]
 
 
@@ -310,7 +311,7 @@ def test_unfused_prenorm_backward_reads_the_kept_x_hat(monkeypatch):
     fused = hk.rmsnorm_matmul(x["a"], x["b"], x["wk"], EPS, fused=True)
     assert fused.grad_fn.saved_tensors[3].numel() == 0
     for name in ("prenorm_norm_backward", "rms_x_hat"):
-        monkeypatch.setattr(_grad, name, lambda *args, name=name: pytest.fail(f"the backward ran {name}"))
+        monkeypatch.setattr(prenorm, name, lambda *args, name=name: pytest.fail(f"the backward ran {name}"))
     c.sum().backward()
     assert x["a"].grad is not None and x["b"].grad is not None and x["wk"].grad is not None
 
@@ -412,7 +413,7 @@ class _PostNorm(torch.autograd.Function):
         a, b, w, bias, cc, mean, rstd = ctx.saved_tensors
         needs = (True, True, True, bias is not None, True, True)
         kept = (cc, mean, rstd) if ctx.saved else None
-        return (None, None, *_grad.postnorm_grads(ctx.kind, a, b, w, bias, EPS, dy, needs, kept, ctx.addend_dtypes))
+        return (None, None, *postnorm.postnorm_grads(ctx.kind, a, b, w, bias, EPS, dy, needs, kept, ctx.addend_dtypes))
 
 
 class _PreNorm(torch.autograd.Function):
@@ -424,7 +425,7 @@ class _PreNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dc):
-        return _grad.rmsnorm_matmul_grads(*ctx.saved_tensors, dc)
+        return prenorm.rmsnorm_matmul_grads(*ctx.saved_tensors, dc)
 
 
 class _PreNormKept(torch.autograd.Function):
@@ -439,7 +440,7 @@ class _PreNormKept(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dc):
-        return _grad.kept_x_hat_grads(*ctx.saved_tensors, dc)
+        return prenorm.kept_x_hat_grads(*ctx.saved_tensors, dc)
 
 
 class _Deferred(torch.autograd.Function):
@@ -452,7 +453,7 @@ class _Deferred(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        return _grad.deferred_grads(*ctx.saved_tensors, dout, (True, True, True))
+        return deferred.deferred_grads(*ctx.saved_tensors, dout, (True, True, True))
 
 
 @pytest.mark.ref_mode  # float64 on the CPU, whatever the session
@@ -476,4 +477,4 @@ def test_gradcheck_backward_formulas():
     assert torch.autograd.gradcheck(_Deferred.apply, (a, b, c))
     dc = t(3, 4).detach()
     (a @ b).backward(dc)
-    torch.testing.assert_close(_grad.matmul_grads(a.detach(), b.detach(), dc), (a.grad, b.grad))
+    torch.testing.assert_close(autograd.matmul_grads(a.detach(), b.detach(), dc), (a.grad, b.grad))

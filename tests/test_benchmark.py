@@ -90,7 +90,7 @@ def test_plain_gemm_benchmark_reports_its_ratio_to_cublas(monkeypatch):
     """The plain GEMM's own benchmark gives ``helion_gemm_vs_cublas`` (the median of the
     per-repeat ratios, and their spread) as the fused kernels' benchmarks do for their twin, so
     its runs count in the GEMM report; it has no fused-over-GEMM ratio."""
-    from helion_kernels.kernels import get_spec
+    from helion_kernels.techniques import get_spec
     from helion_kernels.spec import Shape
     from helion_kernels.timing import Ceilings
 

@@ -13,6 +13,7 @@ import re
 import pytest
 
 from helion_kernels import registry
+from helion_kernels import results
 from helion_kernels.cli import main
 from helion_kernels.spec import Shape
 
@@ -288,8 +289,8 @@ def test_committed_rows_re_tuned_since_the_benchmark_are_named(registry_dir, tmp
 
     import pandas as pd
 
-    from helion_kernels.cli import _retuned_since
-    from helion_kernels.kernels import get_spec
+    from helion_kernels.results import _retuned_since
+    from helion_kernels.techniques import get_spec
 
     spec = get_spec("matmul_rmsnorm")
     cfg = helion.Config(block_sizes=[16, 64, 64], num_warps=4, num_stages=3)
@@ -301,7 +302,7 @@ def test_committed_rows_re_tuned_since_the_benchmark_are_named(registry_dir, tmp
     path = tmp_path / "result.csv"
     path.with_suffix(".json").write_text(json.dumps({"date": "2026-11-30T01:52:54+00:00"}))
     def date():
-        return registry.result_meta(path).get("date")
+        return results.result_meta(path).get("date")
 
     assert _retuned_since(df, date(), spec, "g_sm90") == [True, False, False, False]
     path.with_suffix(".json").write_text(json.dumps({"date": "2026-12-01T23:00:00+01:00"}))  # 22:00 UTC
@@ -316,8 +317,8 @@ def test_committed_tables_show_the_dispatched_path_in_m_order():
     kernel slower than unfused is not what a call runs there), and files go by M's value."""
     import pandas as pd
 
-    from helion_kernels.cli import _committed_summary, _natural
-    from helion_kernels.kernels import get_spec
+    from helion_kernels.results import _committed_summary, natural_key as _natural
+    from helion_kernels.techniques import get_spec
 
     results = Path(__file__).resolve().parent.parent / "bench" / "results" / "nvidia_h200_sm90"
     path = results / "rmsnorm_matmul_prenorm_rmsnorm_M_65536.csv"
@@ -337,8 +338,8 @@ def test_committed_rows_whose_decision_changed_since_are_named(registry_dir):
     names another path now, the CPU bench says so (then / now), and only there."""
     import pandas as pd
 
-    from helion_kernels.cli import _decisions_changed
-    from helion_kernels.kernels import get_spec
+    from helion_kernels.results import _decisions_changed
+    from helion_kernels.techniques import get_spec
 
     spec = get_spec("matmul_layernorm_split_n")
     liger = {"choice": "unfused", "unfused": "cublas+liger_norm", "fused_ms": 2.0, "unfused_ms": 1.0}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import helion_kernels as hk
-from helion_kernels.ops import attention, gemm, postnorm, prenorm, split_n
+from helion_kernels.techniques import attention, deferred, gemm, postnorm, prenorm, split_n
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ON_GPU = pytest.mark.cuda if DEVICE == "cuda" else pytest.mark.ref_mode  # the same tests on CUDA
@@ -64,8 +64,8 @@ def _op_cases():
          (a, b, w, 1e-5, True, False, False, w, torch.randn_like(a @ b))),
         ("matmul_layernorm_split_n", split_n._LAYERNORM, (a, b, w, bias, 1e-5, None)),
         ("matmul_rmsnorm_split_n", split_n._RMSNORM, (a, b, None, 1e-5, None)),
-        ("matmul_rmsnorm_matmul", split_n._DEFERRED, (a, b, c, 1e-5, True)),
-        ("matmul_rmsnorm_matmul_unfused", split_n._DEFERRED, (a, b, c, 1e-5, False)),
+        ("matmul_rmsnorm_matmul", deferred._DEFERRED, (a, b, c, 1e-5, True)),
+        ("matmul_rmsnorm_matmul_unfused", deferred._DEFERRED, (a, b, c, 1e-5, False)),
         ("gdpa", attention._GDPA, (q, k, v, qo, ko, 7, 8, "silu", 0.5, True)),
         ("flash_norm_attention", attention._FNA,
          (q, k, v, qo, ko, 7, 8, lw, lb, rw, 1e-5, "fast_gelu", 1.0, True, False)),

@@ -18,6 +18,7 @@ from _bench_scripts import REPO, run_bench_script
 from dispatch_from_bench import decisions, main
 
 from helion_kernels import registry
+from helion_kernels import results
 
 GPU = "nvidia_h200_sm90"
 KERNEL = "matmul_layernorm_split_n"
@@ -277,7 +278,7 @@ def _newest_records_checked(kernel: str, files: list[Path], field: str, carried:
     committed = _entries(REPO / "configs" / GPU / f"{kernel}.json")
     newest = {}  # (M, K, N, dtype) -> (date, expected record, file)
     for csv in sorted(files):
-        date = registry.timestamp(registry.result_meta(csv).get("date"))
+        date = results.timestamp(results.result_meta(csv).get("date"))
         assert date is not None, csv  # every benchmark file has its .json with a date
         for row in decisions(pd.read_csv(csv), kernel).itertuples(index=False):
             key = (row.M, row.K, row.N, row.dtype)
@@ -288,9 +289,9 @@ def _newest_records_checked(kernel: str, files: list[Path], field: str, carried:
         entry = committed.get(key)
         if entry is None:
             continue
-        tuned_at = registry.timestamp(entry.get("tuned_at"))
+        tuned_at = results.timestamp(entry.get("tuned_at"))
         if tuned_at is not None and tuned_at > date:
-            measured = registry.timestamp(entry.get(field, {}).get(registry.MEASURED_CONFIG))
+            measured = results.timestamp(entry.get(field, {}).get(registry.MEASURED_CONFIG))
             if not (carried and measured is not None and measured <= date):
                 continue
         record = entry[field]

@@ -14,8 +14,10 @@ from helion.runtime.kernel import BoundKernel
 import torch
 
 from helion_kernels import registry, runtime
-from helion_kernels.kernels import matmul, postnorm_full_row, rmsnorm_matmul
-from helion_kernels.ops._op import gemm_operand
+from helion_kernels.techniques.gemm import kernels as matmul
+from helion_kernels.techniques.postnorm import kernels as postnorm_full_row
+from helion_kernels.techniques.prenorm import kernels as rmsnorm_matmul
+from helion_kernels.autograd import gemm_operand
 from helion_kernels.registry import ConfigFallbackWarning, Entry
 from helion_kernels.spec import Shape
 from helion_kernels.verify import check_outputs

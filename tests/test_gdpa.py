@@ -12,9 +12,9 @@ import torch
 
 from flash_norm_attention_all_heads import flash_norm_attention_all_heads_kernel  # bench/variants
 from helion_kernels import flash_norm_attention, gdpa, runtime
-from helion_kernels.kernels.flash_norm_attention import flash_norm_attention_kernel, flash_norm_attention_reference
-from helion_kernels.kernels.gdpa import gdpa_kernel, gdpa_reference, random_jagged_inputs
-from helion_kernels.kernels.limits import ACTIVATIONS, MAX_SEQ_LEN_KV
+from helion_kernels.techniques.attention.kernels import flash_norm_attention_kernel, flash_norm_attention_reference
+from helion_kernels.techniques.attention.kernels import gdpa_kernel, gdpa_reference, random_jagged_inputs
+from helion_kernels.limits import ACTIVATIONS, MAX_SEQ_LEN_KV
 from helion_kernels.registry import ConfigFallbackWarning
 from helion_kernels.spec import jagged_lengths
 from helion_kernels.verify import check_outputs
@@ -148,7 +148,7 @@ def test_head_dim_not_a_power_of_two_under_the_interpreter(heads, dim):
     both norms' statistics and the outputs (the Triton code, not reference mode, pads), for
     the output, the kept o and statistics, and the GDPA kernel; no LayerNorm weight, so the
     padded lanes of the LayerNorm output would be -mean * rstd unless masked."""
-    from helion_kernels.kernels.flash_norm_attention import with_saved_outputs
+    from helion_kernels.techniques.attention.kernels import with_saved_outputs
 
     dtype = torch.float16
     q, k, v, qo, ko = _inputs(dtype, "cpu", 20, heads, dim, INTERPRETER_Q, INTERPRETER_KV)
@@ -301,7 +301,7 @@ def test_argument_types_and_sizes():
 def test_unfused_baseline_is_the_same_block(activation, dtype, device):
     """The benchmark's baseline (padded attention, jagged norms) against the per-sequence
     fp64 reference, eagerly (its torch.compile form is what the benchmark times)."""
-    from helion_kernels.kernels.flash_norm_attention import unfused_block
+    from helion_kernels.bench_specs import unfused_block
 
     q, k, v, qo, ko = _inputs(dtype, device, 17)
     params = _affine(3, 64, dtype, device, 18)
@@ -345,7 +345,7 @@ def test_saved_outputs_reference_mode(device):
 
 @pytest.mark.triton_interpret
 def test_saved_outputs_under_the_interpreter():
-    from helion_kernels.kernels.flash_norm_attention import with_saved_outputs
+    from helion_kernels.techniques.attention.kernels import with_saved_outputs
 
     dtype = torch.float16
     q, k, v, qo, ko = _inputs(dtype, "cpu", 18, 2, 32, INTERPRETER_Q, INTERPRETER_KV)

@@ -9,15 +9,15 @@ import helion
 import pytest
 import torch
 
-from helion_kernels.kernels.gdpa import random_jagged_inputs
-from helion_kernels.kernels.gdpa_backward import (
+from helion_kernels.techniques.attention.kernels import random_jagged_inputs
+from helion_kernels.techniques.attention.kernels import (
     activation_grad,
     gdpa_backward_reference,
     gdpa_dkdv_kernel,
     gdpa_dq_kernel,
 )
-from helion_kernels.kernels.gdpa import activation_fn
-from helion_kernels.kernels.limits import ACTIVATIONS
+from helion_kernels.techniques.attention.kernels import activation_fn
+from helion_kernels.limits import ACTIVATIONS
 from helion_kernels.verify import check_outputs
 
 pytestmark = pytest.mark.usefixtures("poisoned_empty")  # every gradient row must be written

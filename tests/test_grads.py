@@ -7,8 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-from helion_kernels import grads
-from helion_kernels.ops import postnorm
+from helion_kernels import autograd
+from helion_kernels.techniques import prenorm
+from helion_kernels.techniques import attention
+from helion_kernels.techniques import postnorm
 
 
 def test_widths_static_compiles_once_per_width_after_the_first_m():
@@ -24,7 +26,7 @@ def test_widths_static_compiles_once_per_width_after_the_first_m():
         weight = torch.randn(n)
         for m in (2, 3, 37, 100, 17, 5, 65, 1000, 9):  # not 64: a weight of that length reads as rows
             x = torch.randn(m, n)
-            y, rstd = grads.call_compiled(compiled, (x, weight, 1e-5))
+            y, rstd = autograd.call_compiled(compiled, (x, weight, 1e-5))
             torch.testing.assert_close(y, F.rms_norm(x, (n,), weight, 1e-5))
             torch.testing.assert_close(rstd, torch.rsqrt(x.pow(2).mean(dim=1) + 1e-5))
             assert not hasattr(weight, "_dynamo_static_indices") and not hasattr(x, "_dynamo_static_indices")
@@ -39,7 +41,7 @@ def test_widths_static_marks_all_but_the_rows():
     """Every dimension of M's length is left to vary, wherever it is (the attention's [3, M]
     statistics); every other one is static."""
     x, rstd, weight, b, stats = torch.randn(6, 4), torch.randn(6), torch.randn(4), torch.randn(4, 3), torch.randn(3, 6)
-    marked = grads.widths_static((x, rstd, weight, b, stats, 1e-5, None, "rms"))
+    marked = autograd.widths_static((x, rstd, weight, b, stats, 1e-5, None, "rms"))
     assert marked[5:] == (1e-5, None, "rms")
     assert all(t is not s and t.data_ptr() == s.data_ptr() for t, s in zip(marked[:5], (x, rstd, weight, b, stats)))
     assert marked[0]._dynamo_static_indices == {1}
@@ -54,13 +56,13 @@ def test_widths_static_lets_jagged_totals_vary():
     batch's total) new at every step, compile twice, not once per T."""
     torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(grads.fna_input_backward, backend="eager", dynamic=None)
+    compiled = torch.compile(attention.fna_input_backward, backend="eager", dynamic=None)
     width = 8
     ln_weight = torch.randn(width)
     for total in (5, 9, 30, 17, 64, 3):
         rows = [torch.randn(total, width) for _ in range(4)]
         stats = torch.rand(3, total) + 0.5
-        grads.call_compiled(compiled, (*rows, stats, ln_weight, True, True))
+        autograd.call_compiled(compiled, (*rows, stats, ln_weight, True, True))
     assert counters["stats"]["unique_graphs"] == 2
     torch._dynamo.reset()
 
@@ -72,7 +74,7 @@ def test_call_compiled_holds_more_graphs_than_dynamos_default():
     counters.clear()
     compiled = torch.compile(postnorm._rms_norm_stats, backend="eager", dynamic=None)
     for n in range(8, 8 + 12):
-        grads.call_compiled(compiled, (torch.randn(4, n), torch.randn(n), 1e-5))
+        autograd.call_compiled(compiled, (torch.randn(4, n), torch.randn(n), 1e-5))
     assert counters["stats"]["unique_graphs"] == 12  # without the raised limit: 8
     torch._dynamo.reset()
 
@@ -102,13 +104,13 @@ def test_unfused_prenorm_norm_backward_writes_da_over_dx_hat():
     nothing reads after it), with and without ``x_hat``, and the values are the out-of-place
     pass's; a dtype that differs from ``a``'s (``dx_hat`` in fp32) takes the out-of-place pass."""
     a, b, dc, rstd = _prenorm_inputs()
-    expected = grads.prenorm_da(dc @ b.t(), a, rstd)
-    for fn in (grads.rmsnorm_matmul_da, lambda *args: grads.rmsnorm_matmul_dgrad(*args)[0]):
+    expected = prenorm.prenorm_da(dc @ b.t(), a, rstd)
+    for fn in (prenorm.rmsnorm_matmul_da, lambda *args: prenorm.rmsnorm_matmul_dgrad(*args)[0]):
         with _MmOutputs() as mm:
             da = fn(a, b, dc, rstd)
         assert da.data_ptr() == mm.ptrs[0]
         torch.testing.assert_close(da, expected)
-    assert not grads.dgrad_in_place(torch.empty(9, 24), a.to(torch.bfloat16))
+    assert not prenorm.dgrad_in_place(torch.empty(9, 24), a.to(torch.bfloat16))
 
 
 @pytest.mark.cuda

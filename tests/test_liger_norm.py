@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from helion_kernels import matmul_layernorm_split_n, matmul_rmsnorm_split_n, registry, runtime
-from helion_kernels.kernels import postnorm_split_n as row_sweep
+from helion_kernels import results
+from helion_kernels.techniques.split_n import kernels as row_sweep
 from helion_kernels import liger_norm
 from helion_kernels.spec import Shape
 from helion_kernels.verify import check_outputs

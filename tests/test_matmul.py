@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helion_kernels import matmul
-from helion_kernels.kernels.matmul import SPEC, matmul_kernel, matmul_reference
+from helion_kernels.techniques.gemm.kernels import SPEC, matmul_kernel, matmul_reference
 from helion_kernels.spec import Shape
 from helion_kernels.verify import check_outputs
 
@@ -51,7 +51,7 @@ def test_reference_mode_fills_the_cpu_gap_exactly():
     """torch's CPU build has no ``mm``/``bmm`` with ``out_dtype`` (Helion's reference mode uses
     them for every dot). The library registers CPU kernels for exactly those overloads when
     they are missing (no test patch): the same numbers as upcasting, nothing else replaced."""
-    from helion_kernels.kernels import cpu_reference_mode
+    from helion_kernels.techniques import cpu_reference_mode
 
     cpu_reference_mode.install()
     gen = torch.Generator().manual_seed(3)

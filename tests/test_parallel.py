@@ -91,7 +91,7 @@ def test_two_sweeps_at_once(registry_dir):
 def test_tune_hands_the_largest_keys_out_first(monkeypatch):
     """``tune(..., gpus)`` with two GPUs builds one item per key, most FLOPs first."""
     from helion_kernels import parallel
-    from helion_kernels.kernels import get_spec
+    from helion_kernels.techniques import get_spec
 
     seen = {}
     monkeypatch.setattr(parallel, "run_parallel", lambda title, items, job, failed, gpus: seen.update(

@@ -11,9 +11,9 @@ import torch
 
 from helion_kernels import matmul_rmsnorm_matmul
 from helion_kernels.spec import Shape
-from helion_kernels.kernels.postnorm_deferred import (
+from helion_kernels.bench_specs import bench_spec, deferred_weight as dispatch_weight
+from helion_kernels.techniques.deferred.kernels import (
     SPEC,
-    dispatch_weight,
     matmul_rmsnorm_matmul_reference,
     matmul_rmsnorm_partials_kernel,
     rmsnorm_scaled_matmul_kernel,
@@ -132,9 +132,9 @@ def test_cuda_dispatch_timing(registry_dir):
     # one autotunes (minutes on the GPU; reference mode never does, so only CUDA would stall).
     producer = helion.kernel(matmul_rmsnorm_partials_kernel.fn, static_shapes=True, config=SPEC.default_config)
     with pytest.warns(ConfigFallbackWarning):  # the consumer: no matmul entry, the default config
-        fused_op = SPEC.dispatch_fused(producer, (a, b))
+        fused_op = bench_spec(SPEC.name).dispatch_fused(producer, (a, b))
         check_outputs(fused_op(), ref, torch.bfloat16)
-    check_outputs(SPEC.baselines(a, b)[SPEC.dispatch_baseline](), ref, torch.bfloat16)
+    check_outputs(bench_spec(SPEC.name).baselines(a, b)[SPEC.dispatch_baseline](), ref, torch.bfloat16)
 
 
 # --- dispatch: the kernels only where tuning measured the op faster --------------------------
@@ -145,7 +145,7 @@ def test_dispatch_follows_the_registry(choice, decisions):
     from helion_kernels import runtime
     from helion_kernels.registry import ConfigFallbackWarning
 
-    assert SPEC.dispatch_baseline == "cublas+inductor_norm+cublas" and SPEC.dispatch_fused is not None
+    assert SPEC.dispatch_baseline == "cublas+inductor_norm+cublas" and bench_spec(SPEC.name).dispatch_fused is not None
     save_decision(SPEC, Shape(64, 32, 4096), choice)
     args = SPEC.make_args(Shape(64, 32, 4096), torch.float32, "cpu", 0)
     assert runtime.decide(SPEC, args).fused is (choice == "fused")

@@ -20,18 +20,14 @@ import torch
 
 import helion_kernels
 from helion_kernels import registry, runtime
-from helion_kernels.kernels.limits import max_full_row_n
-from helion_kernels.kernels.postnorm_full_row import (
-    SPEC_LAYERNORM,
-    SPEC_RMSNORM,
-    matmul_layernorm_reference,
-    matmul_rmsnorm_reference,
-)
-from helion_kernels.ops import postnorm
+from helion_kernels.limits import max_full_row_n
+from helion_kernels.techniques.postnorm.kernels import LAYERNORM, RMSNORM, SPEC_LAYERNORM, SPEC_RMSNORM
+from helion_kernels.techniques import postnorm
 from helion_kernels.spec import Shape
 from helion_kernels.registry import ConfigFallbackWarning, Entry
 from helion_kernels.verify import check_outputs
 
+from _postnorm_inputs import matmul_layernorm_reference, matmul_rmsnorm_reference
 from _seeds import stable_seed
 
 # Every output element must be written: allocations start as NaN.
@@ -60,10 +56,10 @@ def _inputs(op: str, shape: Shape, dtype, device, seed: int, affine: bool = True
 
 
 def _kernel_args(op: str, kw: dict) -> tuple:
-    """The kernel's positional arguments as the op launches them (what use_fused /
+    """The kernel's positional arguments as the op launches them (what decide /
     resolved_config take): no Linear bias, no residual."""
-    params = (kw.get("weight"), kw.get("bias")) if op == LN else (kw.get("weight"),)
-    return (kw["a"], kw["b"], *params, float(kw.get("eps", 1e-5)), None, None)
+    return (kw["a"], kw["b"], kw.get("weight"), kw.get("bias"), float(kw.get("eps", 1e-5)),
+            LAYERNORM if op == LN else RMSNORM, None, None)
 
 
 def _call(op: str, kw: dict, *, stats: bool = False, fused=None):

@@ -13,18 +13,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from helion_kernels.kernels import postnorm_full_row
-from helion_kernels.kernels import limits
-from helion_kernels.kernels.limits import check_full_row_n, max_full_row_n
-from helion_kernels.kernels.postnorm_full_row import (
+from helion_kernels.techniques.postnorm import kernels as postnorm_full_row
+from helion_kernels import limits
+from helion_kernels.limits import check_full_row_n, max_full_row_n
+from helion_kernels.bench_specs import bench_spec
+from helion_kernels.techniques.postnorm.kernels import (
+    LAYERNORM,
+    RMSNORM,
     SPEC_LAYERNORM,
     SPEC_RMSNORM,
-    matmul_layernorm_kernel,
-    matmul_layernorm_reference,
-    matmul_rmsnorm_kernel,
-    matmul_rmsnorm_reference,
+    matmul_norm_kernel,
+    matmul_norm_reference,
 )
 from helion_kernels.spec import Shape
+
+from _postnorm_inputs import matmul_layernorm_reference, matmul_rmsnorm_reference
 from helion_kernels.verify import check_outputs
 
 from _seeds import stable_seed
@@ -45,20 +48,20 @@ RMS_AFFINE = ["none", "weight"]
 
 
 def _ln_inputs(shape: Shape, dtype, device, seed: int, affine: str):
-    """(a, b, weight, bias, eps) in the kernel's argument order; weight/bias per ``affine``."""
-    a, b, _, _, eps = SPEC_LAYERNORM.make_args(shape, dtype, device, seed)
+    """(a, b, weight, bias, eps, LAYERNORM) in the kernel's argument order; weight/bias per ``affine``."""
+    a, b, _, _, eps, _ = SPEC_LAYERNORM.make_args(shape, dtype, device, seed)
     gen = torch.Generator().manual_seed(seed + 7)
     weight = (1 + 0.5 * torch.randn(shape.N, generator=gen)).to(device=device, dtype=dtype)
     bias = (0.5 * torch.randn(shape.N, generator=gen)).to(device=device, dtype=dtype)
-    return (a, b, weight if "weight" in affine else None, bias if "bias" in affine else None, eps)
+    return (a, b, weight if "weight" in affine else None, bias if "bias" in affine else None, eps, LAYERNORM)
 
 
 def _rms_inputs(shape: Shape, dtype, device, seed: int, affine: str):
-    """(a, b, weight, eps) in the kernel's argument order; weight per ``affine``."""
-    a, b, _, eps = SPEC_RMSNORM.make_args(shape, dtype, device, seed)
+    """(a, b, weight, None, eps, RMSNORM) in the kernel's argument order; weight per ``affine``."""
+    a, b, _, _, eps, _ = SPEC_RMSNORM.make_args(shape, dtype, device, seed)
     gen = torch.Generator().manual_seed(seed + 7)
     weight = (1 + 0.5 * torch.randn(shape.N, generator=gen)).to(device=device, dtype=dtype)
-    return (a, b, weight if affine == "weight" else None, eps)
+    return (a, b, weight if affine == "weight" else None, None, eps, RMSNORM)
 
 
 def _float64(args: tuple) -> tuple:
@@ -85,17 +88,17 @@ def _run(kernel, args: tuple, config: helion.Config | None):
 
 
 def _check_layernorm(args, dtype, config=None):
-    out = _run(matmul_layernorm_kernel, args, config)
+    out = _run(matmul_norm_kernel, args, config)
     c, mean, rstd = out
     assert c.dtype == dtype and mean.dtype == torch.float32 and rstd.dtype == torch.float32
-    check_outputs(out, matmul_layernorm_reference(*_float64(args)), dtype)
+    check_outputs(out, matmul_norm_reference(*_float64(args)), dtype)
 
 
 def _check_rmsnorm(args, dtype, config=None):
-    out = _run(matmul_rmsnorm_kernel, args, config)
+    out = _run(matmul_norm_kernel, args, config)
     c, rstd = out
     assert c.dtype == dtype and rstd.dtype == torch.float32
-    check_outputs(out, matmul_rmsnorm_reference(*_float64(args)), dtype)
+    check_outputs(out, matmul_norm_reference(*_float64(args)), dtype)
 
 
 # --- reference mode ----------------------------------------------------------------------
@@ -129,7 +132,7 @@ def test_large_row_mean_reference_mode(shape, dtype, device):
     loses all digits here; the two-pass variance does not."""
     ln_args = _large_mean(_ln_inputs(shape, dtype, device, 31, "weight_bias"))
     _check_layernorm(ln_args, dtype)
-    mean = matmul_layernorm_kernel(*ln_args)[1]
+    mean = matmul_norm_kernel(*ln_args)[1]
     assert (mean - 1000).abs().max() < 10  # the shift really happened
     _check_rmsnorm(_large_mean(_rms_inputs(shape, dtype, device, 32, "weight")), dtype)
 
@@ -141,18 +144,21 @@ def test_spec_make_args_and_reference(spec, device):
     shape = Shape(20, 40, 96)
     args = spec.make_args(shape, torch.float16, device, 4)
     again = spec.make_args(shape, torch.float16, device, 4)
-    assert len(args) == (5 if spec is SPEC_LAYERNORM else 4) and args[-1] == 1e-5
-    for x, y in zip(args[:-1], again[:-1]):
-        assert torch.equal(x, y)
+    assert len(args) == 6 and args[4] == 1e-5 and args[5] == (LAYERNORM if spec is SPEC_LAYERNORM else RMSNORM)
+    for x, y in zip(args[:4], again[:4]):
+        assert (x is None and y is None) or torch.equal(x, y)
     weight = args[2]
     assert weight.shape == (96,) and 0.5 < weight.float().mean().item() < 1.5
     assert weight.float().std().item() > 0.01  # really affine, not ones
     if spec is SPEC_LAYERNORM:
         assert args[3].shape == (96,) and args[3].float().abs().max().item() > 0.01
+    else:
+        assert args[3] is None
     assert spec.key_of(args) == shape
     check_outputs(spec.kernel(*args), spec.reference(*args), torch.float16)
     empty = spec.make_args(shape, torch.float16, device, None)
-    assert [tuple(x.shape) for x in empty[:-1]] == [tuple(x.shape) for x in args[:-1]]
+    assert [None if x is None else tuple(x.shape) for x in empty[:4]] == [
+        None if x is None else tuple(x.shape) for x in args[:4]]
 
 
 # --- pure PyTorch, every mode but the interpreter ----------------------------------------
@@ -226,7 +232,7 @@ def _smem_estimate(config, n, item):
 def test_fit_shared_memory_shrinks_a_config_from_a_smaller_n(n, dtype, monkeypatch):
     """The H200 failure: a 64 x 64, 3-stage tiling tuned at N = 256 asked for 417792 bytes at
     N = 1000. Fitted, it is within 232448 bytes; stages go first; the N tile is kept."""
-    from helion_kernels.kernels.postnorm_full_row import fit_shared_memory
+    from helion_kernels.techniques.postnorm.kernels import fit_shared_memory
 
     monkeypatch.setattr(postnorm_full_row, "shared_memory_per_block", lambda device: 232448)
 
@@ -240,7 +246,7 @@ def test_fit_shared_memory_shrinks_a_config_from_a_smaller_n(n, dtype, monkeypat
 
 
 def test_fit_shared_memory_keeps_a_config_that_fits(monkeypatch):
-    from helion_kernels.kernels.postnorm_full_row import fit_shared_memory
+    from helion_kernels.techniques.postnorm.kernels import fit_shared_memory
 
     monkeypatch.setattr(postnorm_full_row, "shared_memory_per_block", lambda device: 232448)
 
@@ -269,7 +275,7 @@ def test_fit_applies_to_fallback_configs_only(registry_dir):
 
 
 def test_smaller_config_steps_stages_then_tile_k_then_tile_m():
-    from helion_kernels.kernels.postnorm_full_row import smaller_config
+    from helion_kernels.techniques.postnorm.kernels import smaller_config
 
     config = helion.Config(block_sizes=[16, 32, 32], num_warps=8, num_stages=2, indexing="tensor_descriptor",
                            pid_type="persistent_interleaved")
@@ -357,12 +363,13 @@ def test_a_launch_refused_for_another_resource_is_not_retried(registry_dir, monk
 
 
 def test_specs_are_consistent():
-    for spec, kernel in ((SPEC_LAYERNORM, matmul_layernorm_kernel), (SPEC_RMSNORM, matmul_rmsnorm_kernel)):
-        assert spec.kernel is kernel
-        assert spec.norm_baseline == "inductor_norm"
-        assert spec.unfused_baselines == ("cublas+inductor_norm", "cublas+liger_norm")
-        assert spec.gemm_twin == "matmul" and "technique 1" in spec.technique
-        assert spec.flops(Shape(2, 3, 4)) == 2 * 2 * 3 * 4
+    for spec in (SPEC_LAYERNORM, SPEC_RMSNORM):
+        bench = bench_spec(spec.name)
+        assert spec.kernel is matmul_norm_kernel
+        assert bench.norm_baseline == "inductor_norm"
+        assert bench.unfused_baselines == ("cublas+inductor_norm", "cublas+liger_norm")
+        assert bench.gemm_twin == "matmul" and "technique 1" in bench.technique
+        assert bench.flops(Shape(2, 3, 4)) == 2 * 2 * 3 * 4
         for cfg in (spec.default_config, *spec.seed_configs):
             assert len(cfg.block_sizes) == 3  # [N tile (fixed to Npad), tile_m, tile_k]
     assert SPEC_LAYERNORM.name == "matmul_layernorm" and SPEC_RMSNORM.name == "matmul_rmsnorm"
@@ -375,9 +382,10 @@ def test_baselines_compute_the_same_op(spec, device, monkeypatch):
     eager here: compiling with inductor on CPU takes half a minute)."""
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
     args = spec.make_args(Shape(8, 16, 24), torch.float32, device, 0)
-    baselines = spec.baselines(*args)
+    bench = bench_spec(spec.name)
+    baselines = bench.baselines(*args)
     assert {"cublas_mm", "inductor_norm", "cublas+inductor_norm"} <= set(baselines)
-    assert spec.norm_baseline in baselines and spec.unfused_baselines[0] in baselines
+    assert bench.norm_baseline in baselines and bench.unfused_baselines[0] in baselines
     torch.testing.assert_close(baselines["cublas_mm"](), args[0] @ args[1])
     expect = spec.reference(*args)[0]
     for name, run in baselines.items():
@@ -394,7 +402,7 @@ def test_baselines_compute_the_same_op(spec, device, monkeypatch):
 def test_every_config_gets_a_whole_row_tile(n):
     """No config can split a row: the N tile is raised to next_power_of_2(N) in the code."""
     args = SPEC_LAYERNORM.make_args(Shape(64, 64, n), torch.float16, "cpu", None)
-    bound = matmul_layernorm_kernel.bind(args)
+    bound = matmul_norm_kernel.bind(args)
     npad = helion.next_power_of_2(n)
     for cfg in (SPEC_LAYERNORM.default_config, *SPEC_LAYERNORM.seed_configs,
                 helion.Config(block_sizes=[16, 32, 32], num_warps=4, num_stages=2)):

@@ -9,8 +9,8 @@ import helion
 import pytest
 import torch
 
-from helion_kernels.kernels import postnorm_full_row
-from helion_kernels.kernels.postnorm_full_row import SPEC_LAYERNORM, SPEC_RMSNORM, with_call_slots
+from helion_kernels.techniques.postnorm import kernels as postnorm_full_row
+from helion_kernels.techniques.postnorm.kernels import SPEC_LAYERNORM, SPEC_RMSNORM, with_call_slots
 from helion_kernels.spec import Shape
 from helion_kernels.verify import check_outputs
 
@@ -29,7 +29,7 @@ VARIANTS = {
 
 
 def _args(spec, shape: Shape, dtype, device, variant: str):
-    """The spec's (a, b, params..., eps) with the variant's optional tensors appended, and
+    """The spec's (a, b, weight, bias, eps, layernorm) with the variant's optional tensors appended, and
     the float64 norm input ``h`` they describe."""
     with_bias, with_residual, with_product, transposed = VARIANTS[variant]
     args = list(spec.make_args(shape, dtype, device, seed=shape.M + shape.N))
@@ -50,9 +50,8 @@ def _args(spec, shape: Shape, dtype, device, variant: str):
 
 def _reference(spec, args: tuple):
     """The spec's float64 reference of the same call."""
-    n_params = 5 if spec is SPEC_LAYERNORM else 4
     f64 = tuple(t.double() if isinstance(t, torch.Tensor) else t for t in args)
-    return spec.reference(*f64[:n_params], linear_bias=f64[n_params], residual=f64[n_params + 1])
+    return spec.reference(*f64[:6], linear_bias=f64[6], residual=f64[7])
 
 
 def _check(spec, shape: Shape, dtype, device, variant: str, config: helion.Config | None):
@@ -114,15 +113,16 @@ def test_inserted_slots_index_the_optional_tensors(spec, variant):
 def test_call_slots_leave_other_configs_alone():
     config = helion.Config(block_sizes=[16, 16, 32], indexing="pointer")
     t = torch.empty(0)
-    assert with_call_slots(config, (None,) * 5 + (t, t, t), 5) == config  # one indexing string
+    base = (None,) * 6  # a, b, weight, bias, eps, layernorm
+    assert with_call_slots(config, base + (t, t, t)) == config  # one indexing string
     listed = helion.Config(block_sizes=[16, 16, 32], indexing=["a", "b", "c", "d", "e"])
-    assert with_call_slots(listed, (None,) * 4, 4) == listed  # no optional tensors passed
-    assert with_call_slots(listed, (None,) * 4 + (None, None, None), 4) == listed
-    assert with_call_slots(listed, (None,) * 4 + (None, None, t), 4).config["indexing"] == [
+    assert with_call_slots(listed, base) == listed  # no optional tensors passed
+    assert with_call_slots(listed, base + (None, None, None)) == listed
+    assert with_call_slots(listed, base + (None, None, t)).config["indexing"] == [
         "a", "b", "pointer", "c", "d", "e"]
-    assert with_call_slots(listed, (None,) * 4 + (t, None, None), 4).config["indexing"] == [
+    assert with_call_slots(listed, base + (t, None, None)).config["indexing"] == [
         "a", "b", "pointer", "c", "d", "e"]
-    assert with_call_slots(listed, (None,) * 4 + (t, t, t), 4).config["indexing"] == [
+    assert with_call_slots(listed, base + (t, t, t)).config["indexing"] == [
         "a", "b", "pointer", "pointer", "pointer", "c", "d", "e"]
 
 

@@ -16,7 +16,9 @@ import torch
 
 import row_sweep_last_tile as last_tile  # bench/variants
 from helion_kernels import runtime
-from helion_kernels.kernels import postnorm_split_n as row_sweep
+from helion_kernels.bench_specs import bench_spec
+from helion_kernels.techniques.postnorm.kernels import LAYERNORM, RMSNORM
+from helion_kernels.techniques.split_n import kernels as row_sweep
 from helion_kernels.spec import Shape
 from helion_kernels.verify import check_outputs
 
@@ -30,9 +32,38 @@ pytestmark = pytest.mark.usefixtures("poisoned_empty")
 AFFINE = ["none", "weight", "weight_bias"]
 
 
+class _OneNorm:
+    """The shipped kernel with its norm fixed, called as the variant pairs are: LayerNorm
+    (a, b, weight, bias, eps), RMSNorm (a, b, weight, eps)."""
+
+    def __init__(self, layernorm: int):
+        self.layernorm = layernorm
+        self.name = f"matmul_{'layernorm' if layernorm else 'rmsnorm'}_row_sweep"
+
+    def args(self, args: tuple) -> tuple:
+        return (*args, self.layernorm) if self.layernorm else (*args[:3], None, args[3], self.layernorm)
+
+    def __call__(self, *args):
+        return row_sweep.matmul_norm_row_sweep_kernel(*self.args(args))
+
+    def bind(self, args: tuple):
+        bound, full = row_sweep.matmul_norm_row_sweep_kernel.bind(self.args(args)), self.args
+
+        class Bound:
+            def set_config(self, config):
+                bound.set_config(config)
+
+            def __call__(self, *args):
+                return bound(*full(args))
+
+            def to_triton_code(self, config):
+                return bound.to_triton_code(config)
+        return Bound()
+
+
 # (LayerNorm kernel, RMSNorm kernel): the shipped pair and the last-tile-in-registers pair.
 PAIRS = [
-    (row_sweep.matmul_layernorm_row_sweep_kernel, row_sweep.matmul_rmsnorm_row_sweep_kernel),
+    (_OneNorm(LAYERNORM), _OneNorm(RMSNORM)),
     (last_tile.matmul_layernorm_row_sweep_last_tile_kernel, last_tile.matmul_rmsnorm_row_sweep_last_tile_kernel),
 ]
 PAIR_IDS = ["shipped", "last_tile"]
@@ -134,8 +165,8 @@ def test_reload_loop_follows_a_cta_barrier(kernel):
     Helion must put a CTA barrier between them, for the default and every seed config.
     (If a Helion upgrade dropped it the kernel would race, and only sometimes be wrong.)"""
     spec = row_sweep.SPEC_LAYERNORM if "layernorm" in kernel.name else row_sweep.SPEC_RMSNORM
-    args = spec.make_args(Shape(64, 96, 512), torch.float16, "cpu", None)
-    bound = kernel.bind(args)
+    a, b, weight, bias, eps, _ = spec.make_args(Shape(64, 96, 512), torch.float16, "cpu", None)
+    bound = kernel.bind((a, b, weight, bias, eps) if "layernorm" in kernel.name else (a, b, weight, eps))
     for config in (spec.default_config, *spec.seed_configs):
         code = bound.to_triton_code(config)
         body = code[code.index("@triton.jit"):]
@@ -148,14 +179,14 @@ def test_reload_loop_follows_a_cta_barrier(kernel):
 def test_specs_registered():
     """One name per op: the public function, the registry file and ``--kernel``; the old
     row-sweep names still resolve, with a deprecation warning."""
-    from helion_kernels.kernels import get_spec
+    from helion_kernels.techniques import get_spec
 
     assert get_spec("matmul_layernorm_split_n") is row_sweep.SPEC_LAYERNORM
     assert get_spec("matmul_rmsnorm_split_n") is row_sweep.SPEC_RMSNORM
     assert row_sweep.SPEC_LAYERNORM.name == "matmul_layernorm_split_n"
     with pytest.warns(FutureWarning, match="'matmul_rmsnorm_row_sweep' is deprecated"):
         assert get_spec("matmul_rmsnorm_row_sweep") is row_sweep.SPEC_RMSNORM
-    assert "technique 3" in row_sweep.SPEC_RMSNORM.technique
+    assert "technique 3" in bench_spec(row_sweep.SPEC_RMSNORM.name).technique
 
 
 # Each seed tiling once, on shapes with several N tiles, a partial last tile and M = 1;
@@ -245,7 +276,7 @@ SPECS = {"layernorm": row_sweep.SPEC_LAYERNORM, "rmsnorm": row_sweep.SPEC_RMSNOR
 
 def _kernel_args(norm: str, shape: Shape) -> tuple:
     a, b, w, bias, eps = _inputs(shape, torch.float32, "cpu", 41, "weight_bias")
-    return (a, b, w, bias, eps) if norm == "layernorm" else (a, b, w, eps)
+    return (a, b, w, bias, eps, LAYERNORM) if norm == "layernorm" else (a, b, w, None, eps, RMSNORM)
 
 
 @pytest.mark.parametrize("choice", ["fused", "unfused"])

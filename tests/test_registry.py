@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from helion_kernels import registry
+from helion_kernels import results
 from helion_kernels.spec import AttentionShape, Shape
 from helion_kernels.registry import ConfigFallbackWarning, Entry, RegistryError
 
@@ -227,7 +228,7 @@ def test_committed_registry_files_are_valid():
     """Every committed registry file loads, is named for a known op, and its configs are
     Helion configs that measured correct (the derived producer tilings of
     matmul_rmsnorm_matmul keep their source entry's record)."""
-    from helion_kernels.kernels import CATALOG
+    from helion_kernels.techniques import CATALOG
 
     paths = sorted(registry.shipped_dir().glob("*/*.json"))
     assert paths
@@ -331,7 +332,7 @@ def test_committed_configs_fit_their_kernels():
     from helion.autotuner.config_generation import ConfigGeneration  # Helion 1.5 internals
     from helion.runtime.settings import RefMode
 
-    from helion_kernels.kernels import get_spec
+    from helion_kernels.techniques import get_spec
     from helion_kernels.spec import AttentionRow
     from helion_kernels.tuning import fit_seed
 
@@ -376,21 +377,21 @@ def test_committed_dispatch_records_follow_the_margin_rule():
 def test_timestamp_reads_both_iso_forms_and_nothing_else():
     """Entries write ``+00:00``, some result files ``Z``; both are the same instant. A missing
     or malformed date is None, never an exception (the reports then say the date is unknown)."""
-    assert registry.timestamp("2026-12-02T12:23:00Z") == registry.timestamp("2026-12-02T12:23:00+00:00")
-    assert registry.timestamp("2026-12-02T12:23:00+00:00").tzinfo is not None
-    assert registry.timestamp(None) is None and registry.timestamp("") is None and registry.timestamp("soon") is None
+    assert results.timestamp("2026-12-02T12:23:00Z") == results.timestamp("2026-12-02T12:23:00+00:00")
+    assert results.timestamp("2026-12-02T12:23:00+00:00").tzinfo is not None
+    assert results.timestamp(None) is None and results.timestamp("") is None and results.timestamp("soon") is None
 
 
 def test_result_meta_reads_the_json_beside_a_result_table(tmp_path):
     """The benchmark's ``<stem>.json`` beside ``<stem>.csv``; {} where there is none or it holds
     no object (the reports then say the date is unknown)."""
     csv = tmp_path / "matmul_bench.csv"
-    assert registry.result_meta(csv) == {}
+    assert results.result_meta(csv) == {}
     csv.with_suffix(".json").write_text(json.dumps({"kernel": "matmul", "date": "2026-12-02T12:23:00Z"}))
-    meta = registry.result_meta(csv)
-    assert meta["kernel"] == "matmul" and registry.timestamp(meta["date"]) is not None
+    meta = results.result_meta(csv)
+    assert meta["kernel"] == "matmul" and results.timestamp(meta["date"]) is not None
     csv.with_suffix(".json").write_text("[1, 2]")
-    assert registry.result_meta(csv) == {}
+    assert results.result_meta(csv) == {}
 
 
 def test_result_rows_and_newest_rows(tmp_path, capsys):
@@ -409,14 +410,14 @@ def test_result_rows_and_newest_rows(tmp_path, capsys):
     old = table("old", [{**row, "ms": 2.0}, {**row, "N": 8, "ms": 2.5}], {"kernel": "matmul", "date": "2026-01-01T00:00:00Z"})
     new = table("new", [{**row, "ms": 3.0}], {"kernel": "matmul", "date": "2026-02-01T00:00:00+00:00"})
     tie = table("tie", [{**row, "ms": 4.0}], {"kernel": "matmul", "date": "2026-02-01T00:00:00Z"})
-    rows = registry.result_rows([undated, new, old])
+    rows = results.result_rows([undated, new, old])
     assert list(rows.file) == ["undated.csv", "new.csv", "old.csv", "old.csv"]
     assert rows.kernel.isna().tolist() == [True, False, False, False] and rows.measured_at.isna().tolist()[0]
     assert str(rows.measured_at.dtype).endswith("UTC]")
-    newest = registry.newest_rows(rows, ["M", "K", "N"]).set_index("N").ms.to_dict()
+    newest = results.newest_rows(rows, ["M", "K", "N"]).set_index("N").ms.to_dict()
     assert newest == {16: 3.0, 8: 2.5}  # the dated newest beats the undated one listed first
-    assert registry.newest_rows(registry.result_rows([new, tie]), ["M", "K", "N"]).ms.tolist() == [4.0]
-    assert registry.newest_rows(registry.result_rows([undated]), ["M"]).ms.tolist() == [1.0]
+    assert results.newest_rows(results.result_rows([new, tie]), ["M", "K", "N"]).ms.tolist() == [4.0]
+    assert results.newest_rows(results.result_rows([undated]), ["M"]).ms.tolist() == [1.0]
 
     # unreadable: empty, a folder, malformed JSON beside it, a column the reader would add
     empty = tmp_path / "empty.csv"
@@ -427,9 +428,9 @@ def test_result_rows_and_newest_rows(tmp_path, capsys):
     bad_json.with_suffix(".json").write_text("{bad")
     clash = table("clash", [{**row, "kernel": "mine", "ms": 6.0}])
     for path in (empty, folder, bad_json, clash):
-        with pytest.raises(registry.ResultTableError, match=path.name):
-            registry.result_rows([path, new])
-        kept = registry.result_rows([path, new], skip_unreadable=True)
+        with pytest.raises(results.ResultTableError, match=path.name):
+            results.result_rows([path, new])
+        kept = results.result_rows([path, new], skip_unreadable=True)
         assert kept.file.tolist() == ["new.csv"] and f"left out {path.name}" in capsys.readouterr().err
-    assert registry.result_rows([]).empty
-    assert registry.result_rows(str(new)).file.tolist() == registry.result_rows(new).file.tolist() == ["new.csv"]
+    assert results.result_rows([]).empty
+    assert results.result_rows(str(new)).file.tolist() == results.result_rows(new).file.tolist() == ["new.csv"]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helion_kernels import fold_rmsnorm_weight, rmsnorm_matmul
-from helion_kernels.kernels.rmsnorm_matmul import (
+from helion_kernels.techniques.prenorm.kernels import (
     SPEC,
     rmsnorm_matmul_kernel,
     rmsnorm_matmul_reference,
@@ -133,7 +133,7 @@ def test_cuda_with_registry_configs(shape, dtype, affine, device):
 def test_triton_code_for_the_two_per_sm_pointer_seed():
     """The hand-picked 128x128 tiling for two programs per SM (pointer indexing, flat grid), at
     a shape with partial tiles in every dimension. Its persistent twin needs a GPU's SM count."""
-    from helion_kernels.kernels.rmsnorm_matmul import SEED_ROW_BLOCK_POINTER_128x128_TWO_PER_SM, row_block_config
+    from helion_kernels.techniques.prenorm.kernels import SEED_ROW_BLOCK_POINTER_128x128_TWO_PER_SM, row_block_config
 
     config = row_block_config(SEED_ROW_BLOCK_POINTER_128x128_TWO_PER_SM)
     assert config in SPEC.seed_configs

@@ -8,8 +8,8 @@ import helion
 import pytest
 import torch
 
-from helion_kernels.kernels.rmsnorm_matmul_backward import (
-    SPEC,
+from helion_kernels.techniques.prenorm.kernels import (
+    SPEC_BACKWARD as SPEC,
     rmsnorm_matmul_dgrad_kernel,
     rmsnorm_matmul_dgrad_reference,
 )

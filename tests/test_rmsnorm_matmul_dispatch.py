@@ -12,8 +12,8 @@ import torch
 
 import helion_kernels as hk
 from helion_kernels import registry, runtime
-from helion_kernels.kernels.rmsnorm_matmul import SPEC, rmsnorm_matmul_reference
-from helion_kernels.ops import prenorm
+from helion_kernels.techniques.prenorm.kernels import SPEC, rmsnorm_matmul_reference
+from helion_kernels.techniques import prenorm
 from helion_kernels.registry import ConfigFallbackWarning, Entry
 from helion_kernels.spec import Shape
 from helion_kernels.verify import check_outputs

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from helion_kernels import rmsnorm_matmul
-from helion_kernels.kernels.rmsnorm_matmul import (
+from helion_kernels.techniques.prenorm.kernels import (
     SPEC_GIVEN_RSTD,
     rmsnorm_matmul_given_rstd_kernel,
     rmsnorm_matmul_reference,
 )
-from helion_kernels.grads import rms_rstd
+from helion_kernels.autograd import rms_rstd
 from helion_kernels.spec import Shape
 from helion_kernels.verify import check_outputs
 

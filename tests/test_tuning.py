@@ -10,7 +10,7 @@ import torch
 
 from helion_kernels import registry, tuning
 from helion_kernels.verify import verify_config
-from helion_kernels.kernels import CATALOG, get_spec
+from helion_kernels.techniques import CATALOG, get_spec
 from helion_kernels.spec import Shape
 
 REPO = Path(__file__).resolve().parent.parent
@@ -117,13 +117,13 @@ def test_accuracy_check_compares_summed_partials():
         tuning._accuracy_check((x, partials * 1.1), (x, row_sumsq), spec.compare_outputs, torch.float32)
 
 
-@pytest.mark.parametrize("name", sorted(__import__("helion_kernels.kernels", fromlist=["CATALOG"]).CATALOG))
+@pytest.mark.parametrize("name", sorted(__import__("helion_kernels.techniques", fromlist=["CATALOG"]).CATALOG))
 def test_tuning_settings_pickle(name):
     """Helion sends the accuracy hook and baseline to its benchmarking subprocesses by
     pickling them; an unpicklable hook fails every tuning run on the GPU."""
     import pickle
 
-    from helion_kernels.kernels import get_spec
+    from helion_kernels.techniques import get_spec
     from helion_kernels.tuning import TuneOptions, tuning_kernel
 
     spec = get_spec(name)
@@ -176,7 +176,7 @@ def test_compiler_seeds_option_reaches_helion(compiler_seeds):
     """``--no-compiler-seeds`` is Helion's ``disable_autotuner_heuristics``; the default keeps
     Helion's seeds, and the entry records which it was."""
     from helion_kernels.cli import _parser
-    from helion_kernels.kernels import get_spec
+    from helion_kernels.techniques import get_spec
     from helion_kernels.tuning import TuneOptions, entry_meta, tuning_kernel
 
     argv = ["autotune", "--kernel", "matmul", "--shape", "64,64,64"] + ([] if compiler_seeds else ["--no-compiler-seeds"])
@@ -187,13 +187,13 @@ def test_compiler_seeds_option_reaches_helion(compiler_seeds):
     assert entry_meta(1.0, 0.0, options, 1.0, None)["autotune"]["compiler_seeds"] is compiler_seeds
 
 
-@pytest.mark.parametrize("name", sorted(__import__("helion_kernels.kernels", fromlist=["CATALOG"]).CATALOG))
+@pytest.mark.parametrize("name", sorted(__import__("helion_kernels.techniques", fromlist=["CATALOG"]).CATALOG))
 def test_tuning_baseline_takes_the_kernels_bound_arguments(name):
     """Helion calls the baseline with the kernel's arguments after binding, defaults included
     (seen on the H200: every full-row tuning run failed with 'Custom baseline function failed'
     once the kernels gained optional trailing tensors). The hook must give the reference's
     outputs on them."""
-    from helion_kernels.kernels import get_spec
+    from helion_kernels.techniques import get_spec
     from helion_kernels.spec import AttentionRow, Shape
     from helion_kernels.tuning import TuneOptions, tuning_kernel
 

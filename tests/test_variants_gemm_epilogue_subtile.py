@@ -34,7 +34,7 @@ def test_subtiled_store_is_the_product(split, m, k, n):
     """fp16: the interpreter mishandles bf16 ``tl.dot``; a flat grid: the interpreter runs no
     persistent grid here (no SM count on a CPU). Edge tiles (m, n not multiples of the tile)
     and a partial last sub-tile (n = 640 with 256-wide tiles) included."""
-    from helion_kernels.kernels.matmul import matmul_kernel
+    from helion_kernels.techniques.gemm.kernels import matmul_kernel
 
     gen = torch.Generator().manual_seed(m * n + split)
     a = torch.randn(m, k, generator=gen, dtype=torch.float16)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import pre_norm_variants as variants  # bench/variants
-from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_reference
+from helion_kernels.techniques.prenorm.kernels import rmsnorm_matmul_reference
 from helion_kernels.spec import Shape, random_gemm_operands
 from helion_kernels.verify import check_outputs
 
@@ -82,8 +82,8 @@ def test_every_tiling_is_a_config_of_both_kernels():
     from helion.autotuner.config_generation import ConfigGeneration  # Helion 1.5 internals
     from helion.runtime.settings import RefMode
 
-    from helion_kernels.kernels.matmul import matmul_kernel
-    from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_kernel, row_block_config
+    from helion_kernels.techniques.gemm.kernels import matmul_kernel
+    from helion_kernels.techniques.prenorm.kernels import rmsnorm_matmul_kernel, row_block_config
     from helion_kernels.tuning import fit_seed
 
     a, b, eps = _args(Shape(256, 256, 256), torch.bfloat16, "cpu")

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 import helion_kernels
 from helion_kernels import registry, runtime, workloads
-from helion_kernels.kernels import get_spec
+from helion_kernels.techniques import get_spec
 
 package = Path(helion_kernels.__file__).parent
 assert package.is_relative_to(sys.prefix), package          # the installed copy, not the checkout

@@ -29,7 +29,7 @@ import torch
 
 from helion_kernels import registry, runtime, workloads
 from helion_kernels.benchmark import RESULTS_DIR, write_table
-from helion_kernels.kernels import get_spec
+from helion_kernels.techniques import get_spec
 from helion_kernels.timing import time_ms
 
 

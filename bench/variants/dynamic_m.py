@@ -32,7 +32,7 @@ import torch
 
 from helion_kernels import registry
 from helion_kernels.benchmark import write_table
-from helion_kernels.kernels import get_spec
+from helion_kernels.techniques import get_spec
 from helion_kernels.spec import Shape
 from helion_kernels.timing import time_ms
 

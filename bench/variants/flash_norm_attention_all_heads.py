@@ -5,7 +5,7 @@ limits Q tiles to 16-32 rows at H*D = 1024; on the H200 it measured 1.5x slower 
 shipped per-head kernel at H = 8 (``bench/results/nvidia_h200_sm90/variants/
 flash_norm_attention_configs_*.md``, made by ``flash_norm_attention_configs.py`` beside this).
 Same contract and config layout as
-:func:`helion_kernels.kernels.flash_norm_attention.flash_norm_attention_kernel`.
+:func:`helion_kernels.techniques.attention.kernels.flash_norm_attention_kernel`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import helion
 import helion.language as hl
 import torch
 
-from helion_kernels.kernels.gdpa import apply_activation
-from helion_kernels.kernels.limits import MAX_SEQ_LEN_KV
+from helion_kernels.techniques.attention.kernels import apply_activation
+from helion_kernels.limits import MAX_SEQ_LEN_KV
 
 
 # Dynamic totals, H and D specialised (see gdpa_kernel).

@@ -22,12 +22,13 @@ import pandas as pd
 import torch
 
 import flash_norm_attention_all_heads as all_heads  # beside this script
+from helion_kernels.bench_specs import norm_block
 from helion_kernels import registry
 from helion_kernels.benchmark import write_table
-from helion_kernels.kernels import flash_norm_attention as fna
-from helion_kernels.kernels import gdpa as gd
-from helion_kernels.kernels.flash_norm_attention import kernel_reference as reference
-from helion_kernels.kernels.flash_norm_attention import make_args
+from helion_kernels.techniques.attention import kernels as fna
+from helion_kernels.techniques.attention import kernels as gd
+from helion_kernels.techniques.attention.kernels import kernel_reference as reference
+from helion_kernels.techniques.attention.kernels import make_args
 from helion_kernels.spec import AttentionRow
 from helion_kernels.timing import time_ms
 from helion_kernels.verify import check_outputs
@@ -76,7 +77,7 @@ def main() -> int:
             bound.set_config(cfg)
 
             def run():
-                return fna.norm_block(q, lambda ln: bound(ln, k, v, qo, ko, row.max_seq_len_q, qk_scale, activation),
+                return norm_block(q, lambda ln: bound(ln, k, v, qo, ko, row.max_seq_len_q, qk_scale, activation),
                                       ln_w, ln_b, rms_w, eps)
 
             out["rel_error"] = check_outputs(run(), ref, torch.bfloat16)

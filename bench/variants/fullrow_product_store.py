@@ -5,7 +5,7 @@ for the backward. Until 2026-12-03 the kernel stored ``h`` last, after ``c`` and
 and on the H200 that store cost the LayerNorm kernel up to 0.155 ms, about twice what it cost
 the RMSNorm kernel at the same shape. Two suspects: stored last, the fp32 accumulator stays live
 beside ``centered`` and ``y`` through the whole epilogue; and the store's indexing slot is always
-``"pointer"`` (:func:`helion_kernels.kernels.postnorm_full_row.with_call_slots`), also where the
+``"pointer"`` (:func:`helion_kernels.techniques.postnorm.kernels.with_call_slots`), also where the
 tuned config stores ``c`` through a tensor descriptor. This A/B decided it: storing ``h`` first
 cost 2.8-4.2x less at 256 <= N <= 512 at M = 262144, c's indexing changed nothing, and the
 library's kernels now store ``h`` first, by pointer
@@ -45,10 +45,11 @@ import torch
 
 from helion_kernels import registry, runtime, workloads
 from helion_kernels.benchmark import finish_plot, row_labels, time_columns, write_table
-from helion_kernels.kernels.postnorm_full_row import (
+from helion_kernels.bench_specs import bench_spec
+from helion_kernels.techniques.postnorm.kernels import (
     SPEC_LAYERNORM,
-    matmul_layernorm_kernel,
-    matmul_layernorm_reference,
+    matmul_norm_kernel as matmul_layernorm_kernel,
+    matmul_norm_reference as matmul_layernorm_reference,
     smaller_config,
 )
 from helion_kernels.spec import Shape
@@ -112,9 +113,9 @@ VARIANTS = {  # name -> (kernel, h stored first, h indexed like c)
 
 
 def _kernel_args(name: str, args: tuple, h: torch.Tensor) -> tuple:
-    """The kernel's arguments: ``args`` = (a, b, weight, bias, eps) and ``h``."""
+    """The kernel's arguments: ``args`` = (a, b, weight, bias, eps, layernorm) and ``h``."""
     if VARIANTS[name][0] is store_h_last_kernel:
-        return (*args, h)
+        return (*args[:5], h)
     return (*args, None, None, h)  # no Linear bias, no residual
 
 
@@ -140,14 +141,14 @@ def bound_kernel(name: str, args: tuple, config: helion.Config):
 
 def bench_row(shape: Shape, device: torch.device, repeats: int) -> dict:
     dtype = torch.bfloat16
-    per_set = SPEC_LAYERNORM.min_bytes(shape, dtype) + shape.M * shape.N * 2
+    per_set = bench_spec(SPEC_LAYERNORM.name).min_bytes(shape, dtype) + shape.M * shape.N * 2
     arg_sets = [SPEC_LAYERNORM.make_args(shape, dtype, device, s) for s in range(input_copies(per_set, device))]
     forward = runtime.resolve(SPEC_LAYERNORM, arg_sets[0], warn=False)
     indexing = forward.config.config.get("indexing", "pointer")
     row: dict = {**shape._asdict(), "config": forward.source,
                  "indexing_c": indexing[C_SLOT] if isinstance(indexing, list) else indexing}
-    a, b, w, bias, eps = arg_sets[0]
-    ref = (*matmul_layernorm_reference(a, b, w, bias, eps), a.float() @ b.float())
+    a, b = arg_sets[0][:2]
+    ref = (*matmul_layernorm_reference(*arg_sets[0]), a.float() @ b.float())
     columns = {}
     for name in VARIANTS:
         runs = [bound_kernel(name, args, forward.config) for args in arg_sets]

@@ -1,6 +1,6 @@
 """GDPA backward: time each hand-picked config of the dq and the dk/dv kernels at workload rows.
 
-Why: the two backward kernels (:mod:`helion_kernels.kernels.gdpa_backward`) run configs pinned
+Why: the two backward kernels (:mod:`helion_kernels.techniques.attention.kernels`) run configs pinned
 on them, not tuned; they are most of the FlashNormAttention backward and of ``gdpa``'s. This
 sweep times each candidate on the ads-model rows (batch 768, D 128, KV 128, fill 0.5), checks
 its gradients against the fp32 per-sequence autograd reference (5e-2, bf16), and shows which
@@ -24,9 +24,9 @@ import torch
 
 from helion_kernels import registry
 from helion_kernels.benchmark import write_table
-from helion_kernels.kernels import gdpa_backward as gb
-from helion_kernels.kernels.gdpa import random_jagged_inputs
-from helion_kernels.kernels.limits import ACTIVATIONS
+from helion_kernels.techniques.attention import kernels as gb
+from helion_kernels.techniques.attention.kernels import random_jagged_inputs
+from helion_kernels.limits import ACTIVATIONS
 from helion_kernels.spec import AttentionRow
 from helion_kernels.timing import time_ms
 from helion_kernels.verify import check_outputs

@@ -30,9 +30,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from helion_kernels.bench_specs import bench_spec
 from helion_kernels import registry, runtime, workloads
+from helion_kernels import results
 from helion_kernels.benchmark import RESULTS_DIR, codegen_status, time_columns, write_table
-from helion_kernels.kernels import get_spec
+from helion_kernels.techniques import get_spec
 from helion_kernels.timing import input_copies
 
 # (label, changes to the row's own config); the store's indexing is set to tensor_descriptor
@@ -116,7 +118,7 @@ def main() -> int:
     for (m, k, n), group in df.groupby(["M", "K", "N"], sort=False):
         problem = problems[(m, k, n)]
         sets = [spec.make_args(problem, torch.bfloat16, device, s) for s in range(input_copies(
-            spec.min_bytes(problem, torch.bfloat16), device))]
+            bench_spec(spec.name).min_bytes(problem, torch.bfloat16), device))]
         columns = {"cublas": [lambda a=a, b=b: torch.mm(a, b) for a, b in sets]}
         for r in group.itertuples():
             if (bound := bounds.get((m, k, n, r.variant))) is not None:

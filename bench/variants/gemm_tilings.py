@@ -29,10 +29,11 @@ import helion
 import pandas as pd
 import torch
 
+from helion_kernels.bench_specs import bench_spec
 from helion_kernels import registry, runtime
 from helion_kernels.benchmark import RESULTS_DIR, time_columns, write_table
-from helion_kernels.kernels import get_spec
-from helion_kernels.kernels.matmul import matmul_kernel
+from helion_kernels.techniques import get_spec
+from helion_kernels.techniques.gemm.kernels import matmul_kernel
 from helion_kernels.spec import Shape
 from helion_kernels.timing import input_copies, time_ms
 from helion_kernels.workloads import shape_argument
@@ -77,7 +78,7 @@ def columns(shape: Shape, names: list[str], device) -> tuple[dict, dict]:
     a tiling that fails to compile or is wrong is left out and its error kept as text)."""
     spec = get_spec("matmul")
     sets = [spec.make_args(shape, torch.bfloat16, device, s)
-            for s in range(input_copies(spec.min_bytes(shape, torch.bfloat16), device))]
+            for s in range(input_copies(bench_spec(spec.name).min_bytes(shape, torch.bfloat16), device))]
     ref = sets[0][0].float() @ sets[0][1].float()
     cols = {CUBLAS: [lambda a=a: torch.mm(*a) for a in sets],
             REGISTRY: [lambda a=a: runtime.launch(spec, a) for a in sets]}

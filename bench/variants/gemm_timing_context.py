@@ -33,9 +33,10 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from helion_kernels.bench_specs import bench_spec
 from helion_kernels import runtime, workloads
 from helion_kernels.benchmark import RESULTS_DIR, write_table
-from helion_kernels.kernels import get_spec
+from helion_kernels.techniques import get_spec
 from helion_kernels.timing import input_copies, time_ms
 
 FUSED = "matmul_rmsnorm_split_n"  # the fused benchmark whose columns the fused_bench context replays
@@ -57,8 +58,8 @@ def measure(problem, device: torch.device, repeats: int, timer=time_ms) -> pd.Da
     """One row per (context, repeat): the GEMM's and cuBLAS's times (ms) in that context."""
     fused, gemm = get_spec(FUSED), get_spec("matmul")
     sets = [fused.make_args(problem, torch.bfloat16, device, s)
-            for s in range(input_copies(fused.min_bytes(problem, torch.bfloat16), device))]
-    baselines = [fused.baselines(*args) for args in sets]
+            for s in range(input_copies(bench_spec(fused.name).min_bytes(problem, torch.bfloat16), device))]
+    baselines = [bench_spec(fused.name).baselines(*args) for args in sets]
     columns = {"fused": [lambda a=args: runtime.launch(fused, a) for args in sets],
                GEMM: [lambda a=args: runtime.launch(gemm, a[:2]) for args in sets]}
     for name in baselines[0]:

@@ -40,15 +40,15 @@ import pandas as pd
 import torch
 
 # The rows' fp32 rstd of rmsnorm(a), as a producer's epilogue would write it.
-from helion_kernels.grads import rms_rstd as rstd_reference
-from helion_kernels.kernels.matmul import matmul_kernel, matmul_reference
-from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_reference
+from helion_kernels.autograd import rms_rstd as rstd_reference
+from helion_kernels.techniques.gemm.kernels import matmul_kernel, matmul_reference
+from helion_kernels.techniques.prenorm.kernels import rmsnorm_matmul_reference
 # The shipped kernel is the row-block variant. The in-loop variant is the one shipped before
 # (kept here, as the thing being compared against).
-from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_kernel as row_block_kernel
-from helion_kernels.kernels.rmsnorm_matmul import row_block_config
+from helion_kernels.techniques.prenorm.kernels import rmsnorm_matmul_kernel as row_block_kernel
+from helion_kernels.techniques.prenorm.kernels import row_block_config
 # The prepass and scale_only variants' GEMM: the kernel rmsnorm_matmul(..., rstd=) runs.
-from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_given_rstd_kernel as row_scale_kernel
+from helion_kernels.techniques.prenorm.kernels import rmsnorm_matmul_given_rstd_kernel as row_scale_kernel
 from helion_kernels.spec import Shape, random_gemm_operands
 from helion_kernels.timing import time_ms
 from helion_kernels.verify import VerificationError, check_deterministic, check_outputs

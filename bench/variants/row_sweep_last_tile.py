@@ -26,7 +26,7 @@ import torch
 
 from helion_kernels import registry, workloads
 from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
-from helion_kernels.kernels import postnorm_split_n as row_sweep
+from helion_kernels.techniques.split_n import kernels as row_sweep
 from helion_kernels.spec import Shape
 from helion_kernels.timing import input_copies, measure_ceilings, time_ms
 from helion_kernels.verify import check_outputs
@@ -138,11 +138,18 @@ def matmul_rmsnorm_row_sweep_last_tile_kernel(
 
 
 KERNELS = {
-    "layernorm": (row_sweep.SPEC_LAYERNORM, row_sweep.matmul_layernorm_row_sweep_kernel,
+    "layernorm": (row_sweep.SPEC_LAYERNORM, row_sweep.matmul_norm_row_sweep_kernel,
                   matmul_layernorm_row_sweep_last_tile_kernel),
-    "rmsnorm": (row_sweep.SPEC_RMSNORM, row_sweep.matmul_rmsnorm_row_sweep_kernel,
+    "rmsnorm": (row_sweep.SPEC_RMSNORM, row_sweep.matmul_norm_row_sweep_kernel,
                 matmul_rmsnorm_row_sweep_last_tile_kernel),
 }
+
+
+def variant_args(args: tuple) -> tuple:
+    """The shipped kernel's arguments (a, b, weight, bias, eps, layernorm) as the variant
+    kernels take them: (a, b, weight, bias, eps) or (a, b, weight, eps)."""
+    a, b, weight, bias, eps, layernorm = args
+    return (a, b, weight, bias, eps) if layernorm else (a, b, weight, eps)
 
 
 def shared_config(config: helion.Config) -> helion.Config:
@@ -163,11 +170,11 @@ def bench_row(spec, kernels, shape: Shape, device, dtype: torch.dtype = torch.bf
     row = {"M": shape.M, "K": shape.K, "N": shape.N, "config": found.source,
            "tiling": "x".join(map(str, config.block_sizes)) + f" w{config.num_warps} s{config.num_stages}",
            "tiles_per_row": -(-shape.N // config.block_sizes[0])}
-    for name, kernel in zip(("shipped", "last_tile"), kernels):
-        bound = kernel.bind(first)
+    for name, kernel, fix in zip(("shipped", "last_tile"), kernels, (tuple, variant_args)):
+        bound = kernel.bind(fix(first))
         bound.set_config(config)
-        row[f"{name}_rel_error"] = check_outputs(bound(*first), ref, dtype)
-        row[f"{name}_ms"] = time_ms([lambda s=s: bound(*s) for s in sets])
+        row[f"{name}_rel_error"] = check_outputs(bound(*fix(first)), ref, dtype)
+        row[f"{name}_ms"] = time_ms([lambda s=fix(s): bound(*s) for s in sets])
     row["last_tile_speedup"] = row["shipped_ms"] / row["last_tile_ms"]
     return row
 

@@ -22,8 +22,8 @@ import helion.language as hl
 import pandas as pd
 import torch
 
-from helion_kernels.kernels.matmul import matmul_kernel, matmul_reference
-from helion_kernels.kernels.rmsnorm_matmul import rmsnorm_matmul_reference
+from helion_kernels.techniques.gemm.kernels import matmul_kernel, matmul_reference
+from helion_kernels.techniques.prenorm.kernels import rmsnorm_matmul_reference
 from pre_norm_variants import in_loop_kernel  # the double-load kernel (shipped until version 3)
 from helion_kernels.spec import Shape, random_gemm_operands
 from helion_kernels.timing import time_ms

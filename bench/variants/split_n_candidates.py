@@ -7,7 +7,7 @@ pipelines over a GEMM workload, with the tilings tuned for the persistent kernel
     python bench/variants/split_n_candidates.py --norm layernorm [--where 'K == 512']
 
 Writes ``bench/results/<gpu>/variants/matmul_<norm>_persistent_<workload>.{csv,md,json,png}``.
-The public split-N ops run the row sweep (:mod:`helion_kernels.kernels.postnorm_split_n`),
+The public split-N ops run the row sweep (:mod:`helion_kernels.techniques.split_n.kernels`),
 which measured faster on 16 of the 20 rows of ``postnorm_split_n``.
 
 Split-N post-norm: ``layer_norm(a @ b)`` / ``rms_norm(a @ b)`` when no program can hold a row.
@@ -57,10 +57,29 @@ import torch
 os.environ.setdefault("HELION_KERNELS_CONFIG_DIR", str(Path(__file__).resolve().parent / "configs"))
 
 from helion_kernels import registry  # noqa: E402
-from helion_kernels.kernels import postnorm_full_row as _full_row  # noqa: E402
-from helion_kernels.kernels.postnorm_deferred import matmul_rmsnorm_partials_kernel  # noqa: E402
-from helion_kernels.kernels.postnorm_full_row import matmul_layernorm_reference, matmul_rmsnorm_reference  # noqa: E402
-from helion_kernels.spec import KernelSpec  # noqa: E402
+from helion_kernels.bench_specs import BENCH_SPECS, bench_spec  # noqa: E402
+from helion_kernels.techniques.deferred.kernels import matmul_rmsnorm_partials_kernel  # noqa: E402
+from helion_kernels.techniques.postnorm.kernels import LAYERNORM, RMSNORM, matmul_norm_reference, norm_args  # noqa: E402
+from helion_kernels.spec import KernelSpec, gemm_shape  # noqa: E402
+
+
+def matmul_layernorm_reference(a, b, weight=None, bias=None, eps=1e-5):
+    return matmul_norm_reference(a, b, weight, bias, eps, LAYERNORM)
+
+
+def matmul_rmsnorm_reference(a, b, weight=None, eps=1e-5):
+    return matmul_norm_reference(a, b, weight, None, eps, RMSNORM)
+
+
+def _layernorm_args(shape, dtype, device, seed) -> tuple:
+    """(a, b, weight, bias, eps): the shipped spec's arguments without the norm flag."""
+    return norm_args(LAYERNORM)(shape, dtype, device, seed)[:5]
+
+
+def _rmsnorm_args(shape, dtype, device, seed) -> tuple:
+    """(a, b, weight, eps)."""
+    a, b, weight, _, eps, _ = norm_args(RMSNORM)(shape, dtype, device, seed)
+    return a, b, weight, eps
 
 EPS = 1e-5
 # Memory-bound apply phase: rows per program (and, for RMSNorm, its own N tile).
@@ -362,14 +381,14 @@ def _phase1_config(spec: KernelSpec, args: tuple) -> helion.Config:
 def _baselines_layernorm(a, b, weight, bias, eps) -> dict:
     """The unfused pipelines, plus candidate 1 (two kernels) with the persistent candidate's
     registered phase-1 tiling, so the benchmark times both candidates side by side."""
-    out = _full_row.SPEC_LAYERNORM.baselines(a, b, weight, bias, eps)
+    out = bench_spec("matmul_layernorm").baselines(a, b, weight, bias, eps, LAYERNORM)
     gemm = _phase1_config(SPEC_LAYERNORM, (a, b, weight, bias, eps))
     out["two_kernels"] = lambda: layernorm_two_kernels(a, b, weight, bias, eps, gemm, APPLY_CONFIG)
     return out
 
 
 def _baselines_rmsnorm(a, b, weight, eps) -> dict:
-    out = _full_row.SPEC_RMSNORM.baselines(a, b, weight, eps)
+    out = bench_spec("matmul_rmsnorm").baselines(a, b, weight, None, eps, RMSNORM)
     gemm = _phase1_config(SPEC_RMSNORM, (a, b, weight, eps))
     out["two_kernels"] = lambda: rmsnorm_two_kernels(a, b, weight, eps, gemm, RMS_APPLY_CONFIG)
     return out
@@ -378,32 +397,29 @@ def _baselines_rmsnorm(a, b, weight, eps) -> dict:
 # The persistent variant is the tunable, registrable one (outputs equal the reference's).
 # The two-kernel variant runs the partials kernel with the persistent variant's phase-1
 # tiling and the apply kernel with APPLY_CONFIG; the benchmark times it as "two_kernels".
-SPEC_LAYERNORM = dataclasses.replace(
-    _full_row.SPEC_LAYERNORM,
+SPEC_LAYERNORM = KernelSpec(
     name="matmul_layernorm_persistent",
     kernel=matmul_layernorm_split_n_kernel,
+    workload="gemm",
+    make_args=_layernorm_args,
+    key_of=gemm_shape,
+    reference=matmul_layernorm_reference,
     default_config=helion.Config(block_sizes=[64, 64, 32, 8], num_warps=4, num_stages=2, **_ONE_BLOCK),
     seed_configs=_SEEDS_LN,
-    technique=_TECHNIQUE,
-    baselines=_baselines_layernorm,
-    dispatch_baseline=None,
-    portable_config=None,
-    fit_config=None,
-    call_config=None,
 )
 SPEC_RMSNORM = dataclasses.replace(
-    _full_row.SPEC_RMSNORM,
+    SPEC_LAYERNORM,
     name="matmul_rmsnorm_persistent",
     kernel=matmul_rmsnorm_split_n_kernel,
+    make_args=_rmsnorm_args,
+    reference=matmul_rmsnorm_reference,
     default_config=helion.Config(block_sizes=[64, 64, 32, 8, 128], num_warps=4, num_stages=2, **_ONE_BLOCK),
     seed_configs=_SEEDS_RMS,
-    technique=_TECHNIQUE,
-    baselines=_baselines_rmsnorm,
-    dispatch_baseline=None,
-    portable_config=None,
-    fit_config=None,
-    call_config=None,
 )
+BENCH_SPECS[SPEC_LAYERNORM.name] = dataclasses.replace(bench_spec("matmul_layernorm"), technique=_TECHNIQUE,
+                                                       baselines=_baselines_layernorm)
+BENCH_SPECS[SPEC_RMSNORM.name] = dataclasses.replace(bench_spec("matmul_rmsnorm"), technique=_TECHNIQUE,
+                                                     baselines=_baselines_rmsnorm)
 
 
 def main() -> int:

@@ -1,9 +1,7 @@
-"""The plain Helion GEMM, ``c = a @ b``: the fused kernels' own GEMM without the norm.
-
-It is tuned and registered exactly like the fused kernels, so "latency saved against the
-Helion GEMM" (the metric of the PyTorch blog "Towards Free Normalization", 2026) compares
-like with like. Structure follows Helion's ``examples/matmul.py``.
-"""
+"""The plain Helion GEMM ``c = a @ b``: the fused kernels' GEMM without the norm, tuned and
+registered like them, so that the blog's "latency saved against the Helion GEMM" compares
+like with like. Structure as Helion's ``examples/matmul.py``; its seed tilings seed every
+GEMM-shaped search."""
 
 from __future__ import annotations
 
@@ -11,20 +9,10 @@ import helion
 import helion.language as hl
 import torch
 
-from ..spec import (
-    KernelSpec,
-    Shape,
-    gemm_flops,
-    gemm_min_bytes,
-    gemm_shape,
-    random_gemm_operands,
-    reference_dtype,
-)
+from ...spec import KernelSpec, Shape, gemm_shape, random_gemm_operands, reference_dtype
 
-# Hopper-friendly GEMM tilings that seed every GEMM-shaped search (each is checked for
-# legality by Helion at the shape; a seed that does not compile is dropped by the autotuner).
-# The first, a persistent tensor-descriptor 128x256 tiling, was the fastest of a hand-run
-# comparison on the H200 at K >= 512 (it is not yet in the committed tuning results).
+# Hopper tilings that seed every GEMM-shaped search (one that does not compile at a shape is
+# dropped by the autotuner). bench/NOTES.md records which won where.
 SEED_TMA_PERSISTENT_128x256 = helion.Config(
     block_sizes=[128, 256, 64], num_warps=8, num_stages=3, indexing="tensor_descriptor",
     pid_type="persistent_interleaved", l2_groupings=[8])
@@ -40,17 +28,12 @@ SEED_POINTER_128x256 = helion.Config(
     block_sizes=[128, 256, 64], num_warps=8, num_stages=4, indexing="pointer", l2_groupings=[2])
 SEED_POINTER_64x128 = helion.Config(
     block_sizes=[64, 128, 64], num_warps=4, num_stages=4, indexing="pointer", l2_groupings=[4])
-# The first with its persistent tile loop flattened into the k-loop (Triton's
-# ``tl.range(..., flatten=True)``: the next tile's loads overlap this tile's epilogue). Helion's
-# search found it at 131072x256x512; it took 7.6-13.4% less time than the searches' picks at three
-# other K <= 512 shapes (bench/results/nvidia_h200_sm90/variants/config_transfer_matmul_prenorm_rmsnorm_M_131072.md).
+# The persistent tile loop flattened into the k-loop: the next tile's loads overlap this
+# tile's epilogue.
 SEED_TMA_PERSISTENT_128x256_FLATTENED = helion.Config(
     block_sizes=[128, 256, 64], num_warps=8, num_stages=3, indexing="tensor_descriptor",
     pid_type="persistent_interleaved", l2_groupings=[8], range_flattens=[True])
-# tile_n = 128 with four warps, five stages and the flattened persistent loop: at 262144x512x128
-# (N = 128, memory-bound) it ran 1.00x cuBLAS where the searches' pick (256x128x64, 16 warps,
-# pointer) ran 1.067x in the same run (bench/results/nvidia_h200_sm90/variants/gemm_tilings_262144x512x128.md)
-# and 1.08-1.10x in the benchmarks' balanced runs before.
+# tile_n = 128, four warps, five stages, flattened: for memory-bound N = 128.
 SEED_TMA_PERSISTENT_128x128_W4_S5_FLATTENED = helion.Config(
     block_sizes=[128, 128, 64], num_warps=4, num_stages=5, indexing="tensor_descriptor",
     pid_type="persistent_interleaved", l2_groupings=[8], range_flattens=[True])
@@ -87,10 +70,6 @@ def _make_args(shape: Shape, dtype: torch.dtype, device, seed: int | None) -> tu
     return random_gemm_operands(shape, dtype, device, seed)
 
 
-def _baselines(a: torch.Tensor, b: torch.Tensor) -> dict:
-    return {"cublas_mm": lambda: torch.mm(a, b)}
-
-
 SPEC = KernelSpec(
     name="matmul",
     kernel=matmul_kernel,
@@ -98,13 +77,8 @@ SPEC = KernelSpec(
     make_args=_make_args,
     key_of=gemm_shape,
     reference=matmul_reference,
-    flops=gemm_flops,
-    min_bytes=gemm_min_bytes,
     default_config=GEMM_DEFAULT_CONFIG,
     seed_configs=GEMM_SEED_CONFIGS,
     same_loops_as=("rmsnorm_matmul_given_rstd",),  # its GEMM loops, an epilogue scaling rows
-    baselines=_baselines,
-    unfused_baselines=("cublas_mm",),
-    technique="plain GEMM (the baseline the fused kernels are measured against)",
     dynamic_m=True,
 )

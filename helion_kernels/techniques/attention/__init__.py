@@ -1,8 +1,6 @@
-"""Jagged attention (technique 4): ``gdpa`` and ``flash_norm_attention``.
-
-Source: the PyTorch blog "Towards Free Normalization: Fusing Normalization into GEMM and
-Attention Kernels" (Meta, 2026); the kernels and references are
-:mod:`helion_kernels.kernels.gdpa` and :mod:`helion_kernels.kernels.flash_norm_attention`.
+"""Jagged attention (technique 4): ``gdpa`` and ``flash_norm_attention``, forward and
+backward. Source: the PyTorch blog "Towards Free Normalization: Fusing Normalization into
+GEMM and Attention Kernels" (Meta, 2026). Kernels and references: :mod:`.kernels`.
 """
 
 from __future__ import annotations
@@ -11,13 +9,11 @@ from numbers import Integral
 
 import torch
 
-from .. import checks, grads, runtime
-from ..kernels.limits import ACTIVATIONS, MAX_SEQ_LEN_KV
-from ._op import Op, filled, records_grad
+from ... import checks, runtime
+from ...autograd import Op, f32, filled, layer_row_backward, param_grad, records_grad, rms_row_backward, run_compiled
+from ...limits import ACTIVATIONS, MAX_SEQ_LEN_KV
 
-_gdpa = runtime.LazyModule("helion_kernels.kernels.gdpa")
-_gdpa_backward = runtime.LazyModule("helion_kernels.kernels.gdpa_backward")
-_fna = runtime.LazyModule("helion_kernels.kernels.flash_norm_attention")
+_kernels = runtime.LazyModule(f"{__name__}.kernels")
 
 
 def _gdpa_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
@@ -30,7 +26,7 @@ def _gdpa_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: tor
         return torch.empty_like(q)
     args = (q.contiguous(), k.contiguous(), v.contiguous(), q_offsets, kv_offsets, max_seq_len_q,
             qk_scale, ACTIVATIONS.index(activation))
-    return runtime.launch_kernel(_gdpa.gdpa_kernel, args)  # its config is pinned on the kernel
+    return runtime.launch_kernel(_kernels.gdpa_kernel, args)  # its config is pinned on the kernel
 
 
 def _fna_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
@@ -51,7 +47,7 @@ def _fna_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: tor
     params = [None if t is None else t.reshape(heads, dim).contiguous() for t in (ln_weight, ln_bias, rms_weight)]
     args = (q.contiguous(), k.contiguous(), v.contiguous(), q_offsets, kv_offsets, max_seq_len_q,
             *params, eps, qk_scale, ACTIVATIONS.index(activation))
-    return runtime.launch(_fna.SPEC, (*args, *saved) if keep else args), *saved
+    return runtime.launch(_kernels.SPEC, (*args, *saved) if keep else args), *saved
 
 
 def _fna_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
@@ -82,14 +78,14 @@ def _gdpa_backward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout:
                         max_seq_len_kv: int, activation: str,
                         qk_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of jagged GDPA: the two deterministic Helion kernels of
-    :mod:`helion_kernels.kernels.gdpa_backward` (their configs are pinned on them)."""
+    :mod:`.kernels` (their configs are pinned on them)."""
     if q.shape[0] == 0 or k.shape[0] == 0:  # no products: every gradient is 0
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     act = ACTIVATIONS.index(activation)
-    dq = runtime.launch_kernel(_gdpa_backward.gdpa_dq_kernel,
+    dq = runtime.launch_kernel(_kernels.gdpa_dq_kernel,
                                (q, k, v, dout, q_offsets, kv_offsets, max_seq_len_q, qk_scale, act))
-    dk, dv = runtime.launch_kernel(_gdpa_backward.gdpa_dkdv_kernel,
+    dk, dv = runtime.launch_kernel(_kernels.gdpa_dkdv_kernel,
                                    (q, k, v, dout, q_offsets, kv_offsets, max_seq_len_kv, qk_scale, act))
     return dq, dk, dv
 
@@ -103,34 +99,34 @@ _GDPA_BACKWARD = Op("gdpa_backward", _gdpa_backward_impl, _gdpa_backward_fake)
 
 
 def _setup_gdpa(ctx, inputs, output):
-    q, k, v, q_offsets, kv_offsets, max_q, max_kv, activation, qk_scale, _ = inputs
-    ctx.save_for_backward(q, k, v, q_offsets, kv_offsets)
-    ctx.args = (max_q, max_kv, activation, qk_scale)
+    x = _GDPA.named(inputs)
+    ctx.save_for_backward(x.q, x.k, x.v, x.q_offsets, x.kv_offsets)
+    ctx.args = (x.max_seq_len_q, x.max_seq_len_kv, x.activation, x.qk_scale)
 
 
 def _backward_gdpa(ctx, dout):
     q, k, v, q_offsets, kv_offsets = ctx.saved_tensors
     dq, dk, dv = _GDPA_BACKWARD(q, k, v, dout, q_offsets, kv_offsets, *ctx.args)
-    return dq, dk, dv, *(None,) * 7
+    return _GDPA.input_grads(q=dq, k=dk, v=dv)
 
 
 def _setup_fna(ctx, inputs, output):
-    q, k, v, q_offsets, kv_offsets, max_q, max_kv, ln_weight, ln_bias, rms_weight, eps, activation, qk_scale, \
-        _, keep = inputs
-    if not keep:
+    x = _FNA.named(inputs)
+    if not x.keep:
         raise RuntimeError("flash_norm_attention: a recorded call must keep o and the statistics")
     ctx.set_materialize_grads(False)
-    ctx.save_for_backward(q, k, v, q_offsets, kv_offsets, ln_weight, ln_bias, rms_weight, output[1], output[2])
-    ctx.args = (max_q, max_kv, activation, qk_scale)
-    ctx.mark_non_differentiable(output[1], output[2])
+    _, o, stats = output
+    ctx.save_for_backward(x.q, x.k, x.v, x.q_offsets, x.kv_offsets, x.ln_weight, x.ln_bias, x.rms_weight, o, stats)
+    ctx.args = (x.max_seq_len_q, x.max_seq_len_kv, x.activation, x.qk_scale)
+    ctx.mark_non_differentiable(o, stats)
 
 
 def _backward_fna(ctx, dy, *_):
     """The RMSNorm's backward (one compiled row pass over H*D), the attention's (the GDPA
     backward kernels on the recomputed LayerNorm output), the LayerNorm's (a second row pass)."""
-    needs = ctx.needs_input_grad
     if dy is None:
-        return (None,) * len(needs)
+        return _FNA.input_grads()
+    need = _FNA.named(ctx.needs_input_grad)
     q, k, v, q_offsets, kv_offsets, ln_weight, ln_bias, rms_weight, o, stats = ctx.saved_tensors
     total, heads, dim = q.shape
     width = heads * dim
@@ -138,14 +134,49 @@ def _backward_fna(ctx, dy, *_):
     def rows(t):
         return None if t is None else t.reshape(-1, width) if t.dim() == 3 else t.reshape(width)
 
-    do, ln, drms_weight = grads.run_compiled(grads.fna_output_backward, rows(dy), rows(o), rows(q), stats,
-                                             rows(ln_weight), rows(ln_bias), rows(rms_weight), needs[9])
+    do, ln, drms_weight = run_compiled(fna_output_backward, rows(dy), rows(o), rows(q), stats, rows(ln_weight),
+                                       rows(ln_bias), rows(rms_weight), need.rms_weight)
     dln, dk, dv = _GDPA_BACKWARD(ln.view(total, heads, dim), k, v, do.view(total, heads, dim), q_offsets,
                                  kv_offsets, *ctx.args)
-    dq, dln_weight, dln_bias = grads.run_compiled(grads.fna_input_backward, rows(dy), do, rows(dln), rows(q),
-                                                  stats, rows(ln_weight), needs[7], needs[8])
-    return (dq.view(total, heads, dim), dk, dv, None, None, None, None, grads.param_grad(dln_weight, ln_weight),
-            grads.param_grad(dln_bias, ln_bias), grads.param_grad(drms_weight, rms_weight), *(None,) * 5)
+    dq, dln_weight, dln_bias = run_compiled(fna_input_backward, rows(dy), do, rows(dln), rows(q), stats,
+                                            rows(ln_weight), need.ln_weight, need.ln_bias)
+    return _FNA.input_grads(q=dq.view(total, heads, dim), k=dk, v=dv, ln_weight=param_grad(dln_weight, ln_weight),
+                            ln_bias=param_grad(dln_bias, ln_bias), rms_weight=param_grad(drms_weight, rms_weight))
+
+
+# --- FlashNormAttention backward formulas (rows [total_q, H * D]) --------------------------
+
+
+def fna_output_backward(dy, o, q, stats, ln_weight, ln_bias, rms_weight, need_rms_weight: bool = True):
+    """(do in ``o.dtype``, the recomputed ``ln`` in ``q.dtype`` (the attention's input),
+    drms_weight fp32 [W] or None) from the output gradient ``dy`` [T, W]: the RMSNorm's
+    backward. Affine parameters are [W] or None."""
+    dy32 = f32(dy)
+    rstd_o = stats[2]
+    o_hat = f32(o) * rstd_o[:, None]
+    g = dy32 if rms_weight is None else dy32 * f32(rms_weight)
+    do = rms_row_backward(g, o_hat, rstd_o)
+    drms_weight = (dy32 * o_hat).sum(dim=0) if need_rms_weight and rms_weight is not None else None
+    ln = (f32(q) - stats[0][:, None]) * stats[1][:, None]
+    if ln_weight is not None:
+        ln = ln * f32(ln_weight)
+    if ln_bias is not None:
+        ln = ln + f32(ln_bias)
+    return do.to(o.dtype), ln.to(q.dtype), drms_weight
+
+
+def fna_input_backward(dy, do, dln_attention, q, stats, ln_weight, need_ln_weight: bool = True,
+                       need_ln_bias: bool = True):
+    """(dq in ``q.dtype``, dln_weight fp32 [W] or None, dln_bias fp32 [W] or None): the
+    LayerNorm's backward of ``dln = do + dln_attention`` (the residual and the attention
+    paths into ``ln``), plus the outer residual's ``dy``."""
+    dln = f32(do) + f32(dln_attention)
+    q_hat = (f32(q) - stats[0][:, None]) * stats[1][:, None]
+    g = dln if ln_weight is None else dln * f32(ln_weight)
+    dq = f32(dy) + layer_row_backward(g, q_hat, stats[1])
+    dln_weight = (dln * q_hat).sum(dim=0) if need_ln_weight and ln_weight is not None else None
+    dln_bias = dln.sum(dim=0) if need_ln_bias else None
+    return dq.to(q.dtype), dln_weight, dln_bias
 
 
 _GDPA = Op("gdpa", _gdpa_impl, _gdpa_fake, backward=_backward_gdpa, setup_context=_setup_gdpa)
@@ -169,7 +200,7 @@ def gdpa(
     """Jagged GDPA: ``act(q_i @ k_i^T * qk_scale) @ v_i`` for every sequence i and head.
 
     The attention of the ads models in the PyTorch blog "Towards Free Normalization" (Meta,
-    2026), an activation in place of the softmax (:mod:`helion_kernels.kernels.gdpa`). Not
+    2026), an activation in place of the softmax (:mod:`.kernels`). Not
     yet tuned: runs one fixed config (``GDPA_CONFIG``) on every GPU.
 
     Args:
@@ -192,7 +223,7 @@ def gdpa(
         scores past 65504 overflow). Rows of a sequence with no KV rows are 0.
         Differentiable in ``q``, ``k`` and ``v``: the backward recomputes the scores and runs
         two deterministic Helion kernels (dq; dk and dv), nothing saved beyond the inputs
-        (:mod:`helion_kernels.kernels.gdpa_backward`).
+        (:mod:`.kernels`).
 
     Raises:
         TypeError, ValueError: bad ranks, dtypes, devices, offsets, lengths past the
@@ -226,7 +257,7 @@ def flash_norm_attention(
     with ``ln_q = layer_norm(q)``; both norms over H*D, per jagged sequence.
 
     Technique 4 of the PyTorch blog "Towards Free Normalization" (Meta, 2026); see
-    :mod:`helion_kernels.kernels.flash_norm_attention`. One program owns a tile of Q rows of
+    :mod:`.kernels`. One program owns a tile of Q rows of
     one sequence for all heads, walks the heads with 2-D dots and the sequence's K/V (at
     most 128 rows) in KV tiles, and rescales its own un-normalised writes for the RMSNorm. The
     config comes from the registry, keyed by (H, D, dtype) (``helion-kernels autotune
@@ -236,7 +267,7 @@ def flash_norm_attention(
     Args:
         q, k, v, q_offsets, kv_offsets, max_seq_len_q, activation, qk_scale, validate: as
             :func:`gdpa`.
-        max_seq_len_kv: at most 128 (:data:`~helion_kernels.kernels.limits.MAX_SEQ_LEN_KV`).
+        max_seq_len_kv: at most 128 (:data:`~helion_kernels.limits.MAX_SEQ_LEN_KV`).
         ln_weight, ln_bias: LayerNorm affine parameters, [H * D] or [H, D], or None.
         rms_weight: RMSNorm weight, [H * D] or [H, D], or None.
         eps: of both norms, >= 0.

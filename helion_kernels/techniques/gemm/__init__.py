@@ -1,14 +1,14 @@
-"""``matmul``: the plain Helion GEMM, tuned like the fused kernels (the blog's baseline)."""
+"""``matmul``: the plain Helion GEMM, tuned like the fused kernels (the blog's baseline).
+Kernel, reference and spec: :mod:`.kernels`."""
 
 from __future__ import annotations
 
 import torch
 
-from .. import checks, runtime
-from ..grads import matmul_grads
-from ._op import Op
+from ... import checks, runtime
+from ...autograd import Op, matmul_grads
 
-_kernels = runtime.LazyModule("helion_kernels.kernels.matmul")
+_kernels = runtime.LazyModule(f"{__name__}.kernels")
 
 
 def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Deferred ("lazy") pre-norm: ``c = rmsnorm(a) @ b`` in one GEMM launch.
+"""Deferred ("lazy") pre-norm: ``c = rmsnorm(a) @ b`` in one GEMM launch, and its backward.
 
 Technique 2 of the PyTorch blog "Towards Free Normalization: Fusing Normalization into
 GEMM and Attention Kernels" (Meta, July 2026). The RMSNorm scale is one number per row, so
@@ -9,15 +9,12 @@ and the normalised ``a`` never exists: the GEMM runs on the raw ``a`` and its ep
 scales the fp32 accumulator by ``rstd``.
 
 Where the sum of squares is computed. The blog accumulates ``sum(a_tile**2)`` inside the
-GEMM's k-loop. With Triton 3.6 on Hopper (sm_90) that formulation is not safe: a k-loop
-load with both a wgmma user and a non-wgmma user is given too few pipeline buffers
-(triton-lang/triton#7110, open), and loading the tile twice still raced on H200
-(bench/results/nvidia_h200_sm90/pre_norm_variants.md, shared_operand_check.md). So one
-program owns a block of ``tile_m`` rows: a k-loop of its own reduces the rows' sum of
-squares once (the only user of those loads), then the program walks every N tile of the
-rows with a plain GEMM k-loop, whose ``a`` tiles are now L2 hits, and scales each
-accumulator by the rows' ``rstd``. Still one launch and one HBM read of ``a``, no load
-shared between the MMA and the reduction, and no N tile recomputes the sum.
+GEMM's k-loop; with Triton 3.6 on Hopper a k-loop load feeding both a wgmma and another user
+gets too few pipeline buffers (triton-lang/triton#7110) and races. So one program owns a
+block of ``tile_m`` rows: a k-loop of its own reduces the rows' sum of squares, then the
+program walks the rows' N tiles with a plain GEMM k-loop (``a`` now from L2) and scales each
+accumulator by ``rstd``. One launch, one HBM read of ``a``, no load shared by MMA and
+reduction.
 
 An elementwise affine weight ``w`` [K] scales columns of ``rmsnorm(a)``, which is the same
 as scaling rows of ``b``: ``rmsnorm(a, w) @ b == rmsnorm(a) @ (w[:, None] * b)``. It is
@@ -29,11 +26,10 @@ from __future__ import annotations
 import helion
 import helion.language as hl
 import torch
-import torch.nn.functional as F
 
-from ..grads import rms_rstd, rms_x_hat
-from ..spec import KernelSpec, Shape, gemm_flops, gemm_min_bytes, gemm_shape, random_gemm_operands, reference_dtype
-from .matmul import (
+from ...autograd import rms_rstd
+from ...spec import KernelSpec, Shape, gemm_shape, random_gemm_operands, reference_dtype
+from ..gemm.kernels import (
     GEMM_DEFAULT_CONFIG,
     GEMM_SEED_CONFIGS,
     SEED_POINTER_64x128,
@@ -78,14 +74,8 @@ def rmsnorm_matmul_kernel(
     return c, rstd
 
 
-# A tiling for two programs per SM, so one program's sum-of-squares loop (loads and adds, no MMA)
-# can run beside the other's GEMM k-loops: a 128x128x64 tile with 3 stages needs 96 KB of shared
-# memory and 64 accumulator registers per thread on 8 warps. Measured on the H200
-# (bench/results/nvidia_h200_sm90/variants/pre_norm_variants_two_per_sm.md): at 65536x256x256 it is
-# the fastest row block (1.23x the best plain GEMM, against 1.42-1.50x for the 128x256 tilings, whose one
-# program per SM adds about one read of ``a``); at 65536x1024x1024 it is slower (1.50x against
-# 1.19x), so it is one seed among the 128x256 ones, not a replacement. A persistent
-# tensor-descriptor variant with two programs per SM lost at both shapes and is not a seed.
+# Two programs per SM (96 KB of shared memory each), so one program's sum-of-squares loop runs
+# beside the other's GEMM k-loops: the fastest row block at small K and N.
 SEED_ROW_BLOCK_POINTER_128x128_TWO_PER_SM = helion.Config(
     block_sizes=[128, 128, 64], num_warps=8, num_stages=3, indexing="pointer")
 
@@ -143,42 +133,10 @@ def _make_args(shape: Shape, dtype: torch.dtype, device, seed: int | None) -> tu
     return a, b, EPS
 
 
-def _baselines(a: torch.Tensor, b: torch.Tensor, eps: float) -> dict:
-    """What a user runs without this kernel: a standalone norm, then the cuBLAS GEMM."""
-    k = a.shape[1]
-    inductor_norm = torch.compile(lambda x: F.rms_norm(x, (k,), eps=eps), dynamic=False)
-    out = {
-        "cublas_mm": lambda: torch.mm(a, b),
-        "inductor_norm": lambda: inductor_norm(a),
-        "cublas+inductor_norm": lambda: torch.mm(inductor_norm(a), b),
-    }
-    if a.device.type != "cuda":  # Liger's kernels are Triton kernels for GPUs
-        return out
-    try:  # optional dependency: pip install liger-kernel
-        from liger_kernel.transformers.rms_norm import LigerRMSNorm
-    except Exception:  # absent, or broken against this torch/triton: skip the baseline
-        return out
-    # Liger's RMSNorm always has a weight; ones make it the un-affine norm.
-    liger = LigerRMSNorm(k, eps=eps).to(device=a.device, dtype=a.dtype)
-    out["liger_norm"] = lambda: liger(a)
-    out["cublas+liger_norm"] = lambda: torch.mm(liger(a), b)
-    return out
-
-
 def _make_args_given_rstd(shape: Shape, dtype: torch.dtype, device, seed: int | None) -> tuple:
     a, b = random_gemm_operands(shape, dtype, device, seed)
     rstd = torch.empty(shape.M, dtype=torch.float32, device=device) if seed is None else rms_rstd(a, EPS)
     return a, b, rstd
-
-
-def _baselines_given_rstd(a: torch.Tensor, b: torch.Tensor, rstd: torch.Tensor) -> dict:
-    """The op's own unfused path with ``rstd`` given (the compiled row scaling, then cuBLAS),
-    and the user's usual one (the compiled norm with its statistics, then cuBLAS)."""
-    scale = torch.compile(rms_x_hat, dynamic=False)
-    out = _baselines(a, b, EPS)
-    out.update({"inductor_scale": lambda: scale(a, rstd),
-                "cublas+inductor_scale": lambda: torch.mm(scale(a, rstd), b)})
-    return out
 
 
 SPEC = KernelSpec(
@@ -188,19 +146,12 @@ SPEC = KernelSpec(
     make_args=_make_args,
     key_of=gemm_shape,
     reference=rmsnorm_matmul_reference,
-    flops=gemm_flops,
-    min_bytes=gemm_min_bytes,
     default_config=row_block_config(GEMM_DEFAULT_CONFIG, 64),
     seed_configs=tuple(row_block_config(g) for g in (
         SEED_TMA_PERSISTENT_128x256, SEED_POINTER_128x256, SEED_TMA_FLAT_128x256,
         SEED_TMA_PERSISTENT_128x128, SEED_POINTER_128x128, SEED_POINTER_64x128,
         SEED_TMA_PERSISTENT_128x256_FLATTENED, SEED_ROW_BLOCK_POINTER_128x128_TWO_PER_SM)),
-    baselines=_baselines,
-    norm_baseline="inductor_norm",
-    unfused_baselines=("cublas+inductor_norm", "cublas+liger_norm"),
-    gemm_twin="matmul",
     dispatch_baseline="cublas+inductor_norm",
-    technique="deferred pre-norm (technique 2, PyTorch blog 'Towards Free Normalization', 2026)",
     dynamic_m=True,
 )
 
@@ -212,19 +163,97 @@ SPEC_GIVEN_RSTD = KernelSpec(
     make_args=_make_args_given_rstd,
     key_of=gemm_shape,
     reference=rmsnorm_matmul_given_rstd_reference,
-    flops=gemm_flops,
-    min_bytes=gemm_min_bytes,
     default_config=GEMM_DEFAULT_CONFIG,
     seed_configs=GEMM_SEED_CONFIGS,  # the plain GEMM's: the same loops
     same_loops_as=("matmul",),
-    baselines=_baselines_given_rstd,
-    norm_baseline="inductor_norm",
-    # The blog's metric against the whole norm: the statistics' cost in the producer is not
-    # timed (no memory traffic there when a residual add or GEMM epilogue emits them).
-    unfused_baselines=("cublas+inductor_scale", "cublas+inductor_norm", "cublas+liger_norm"),
-    gemm_twin="matmul",
     dispatch_baseline="cublas+inductor_scale",
-    technique="deferred pre-norm with the producer's rstd, whose cost is not timed here (technique 2, "
-              "PyTorch blog 'Towards Free Normalization', 2026)",
     dynamic_m=True,
+)
+
+
+# --- backward: the dgrad GEMM with the RMSNorm backward in its epilogue -------------------
+#
+# With x_hat = a * rstd and b the GEMM's right operand (the norm weight folded in):
+# dx_hat = dc @ b^T (the dgrad GEMM), da = rstd * (dx_hat - x_hat * s / K) with the row sum
+# s = sum_k dx_hat * x_hat, db = x_hat^T @ dc (the wgrad, cuBLAS). One program owns a block of
+# tile_m rows: it walks the K tiles, each a GEMM over N, accumulates s from the accumulator in
+# each epilogue and writes dx_hat (into da's storage) and x_hat; a second loop over the same
+# rows' K tiles (L2 hits) applies rstd * (dx_hat - x_hat * s / K) in place. Config
+# block_sizes = [tile_m, tile_k of the dgrad GEMM, tile_n of its N loop, tile_k of the fix-up].
+
+@helion.kernel(static_shapes=True)
+def rmsnorm_matmul_dgrad_kernel(
+    a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, rstd: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(da [M, K], x_hat [M, K]), both in ``a.dtype``, of ``c = (a * rstd[:, None]) @ b``
+    for the output gradient ``dc`` [M, N]; fp32 accumulation and row sums."""
+    m, k = a.size()
+    n = b.size(1)
+    da = torch.empty_like(a)
+    x_hat = torch.empty_like(a)
+    for tile_m in hl.tile(m):
+        row_rstd = rstd[tile_m]
+        s = hl.zeros([tile_m], dtype=torch.float32)
+        for tile_k in hl.tile(k):
+            acc = hl.zeros([tile_m, tile_k], dtype=torch.float32)
+            for tile_n in hl.tile(n):
+                acc = torch.addmm(acc, dc[tile_m, tile_n], b[tile_k, tile_n].T)
+            xh = a[tile_m, tile_k].to(torch.float32) * row_rstd[:, None]
+            s = s + torch.sum(acc * xh, dim=1)
+            da[tile_m, tile_k] = acc.to(da.dtype)  # dx_hat for now; fixed up below
+            x_hat[tile_m, tile_k] = xh.to(x_hat.dtype)
+        mean_dot = s / k
+        for tile_k in hl.tile(k):
+            dxh = da[tile_m, tile_k].to(torch.float32)
+            xh = a[tile_m, tile_k].to(torch.float32) * row_rstd[:, None]
+            da[tile_m, tile_k] = (row_rstd[:, None] * (dxh - xh * mean_dot[:, None])).to(da.dtype)
+    return da, x_hat
+
+
+def rmsnorm_matmul_dgrad_reference(
+    a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, rstd: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(da, x_hat) of the kernel in fp32 (float64 stays float64), from the same formula."""
+    dt = reference_dtype(a.dtype)
+    x_hat = a.to(dt) * rstd.to(dt)[:, None]
+    dx_hat = dc.to(dt) @ b.to(dt).t()
+    s = (dx_hat * x_hat).mean(dim=1, keepdim=True)
+    return rstd.to(dt)[:, None] * (dx_hat - x_hat * s), x_hat
+
+
+def _make_args_backward(shape: Shape, dtype: torch.dtype, device, seed: int | None) -> tuple:
+    """(a, b, dc, rstd): the forward's operands, a unit-variance output gradient and the
+    forward's rstd."""
+    a, b = random_gemm_operands(shape, dtype, device, seed)
+    if seed is None:
+        return a, b, a.new_empty(shape.M, shape.N), torch.empty(shape.M, dtype=torch.float32, device=a.device)
+    gen = torch.Generator(device=a.device).manual_seed(seed + 1)
+    dc = torch.randn(shape.M, shape.N, generator=gen, device=a.device, dtype=torch.float32).to(dtype)
+    rstd = torch.rsqrt(a.to(reference_dtype(dtype)).pow(2).mean(dim=1) + EPS).float()
+    return a, b, dc, rstd
+
+
+def _config(tm: int, tk: int, tn: int, warps: int, stages: int, indexing: str = "pointer",
+            pid_type: str = "flat") -> helion.Config:
+    return helion.Config(block_sizes=[tm, tk, tn, 128], num_warps=warps, num_stages=stages, indexing=indexing,
+                         pid_type=pid_type)
+
+
+SPEC_BACKWARD = KernelSpec(
+    name="rmsnorm_matmul_backward",
+    kernel=rmsnorm_matmul_dgrad_kernel,
+    workload="gemm",
+    make_args=_make_args_backward,
+    key_of=gemm_shape,
+    reference=rmsnorm_matmul_dgrad_reference,
+    default_config=helion.Config(block_sizes=[64, 64, 64, 64], num_warps=4, num_stages=2),
+    seed_configs=(
+        _config(128, 128, 64, 8, 3),
+        _config(128, 256, 64, 8, 3),
+        _config(128, 128, 64, 8, 3, "tensor_descriptor"),
+        _config(64, 128, 64, 4, 4),
+        _config(64, 256, 64, 8, 3),
+        _config(128, 256, 64, 8, 3, "tensor_descriptor", "persistent_interleaved"),
+    ),
+    dispatch_baseline="cublas+inductor_norm_backward",
 )

@@ -2,18 +2,18 @@
 
 Source: the PyTorch blog "Towards Free Normalization: Fusing Normalization into GEMM and
 Attention Kernels" (Meta, 2026); the kernel and its reference are
-:mod:`helion_kernels.kernels.rmsnorm_matmul`.
+:mod:`.kernels`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .. import checks, grads, runtime
-from ._op import Op, gemm_operand
+from ... import checks, runtime
+from ...autograd import (Op, empty_like_layout, f32, gemm_operand, mm_fp32, rms_row_backward, rms_rstd, rms_x_hat,
+                         run_compiled, wgrad)
 
-_kernels = runtime.LazyModule("helion_kernels.kernels.rmsnorm_matmul")
-_backward_kernels = runtime.LazyModule("helion_kernels.kernels.rmsnorm_matmul_backward")
+_kernels = runtime.LazyModule(f"{__name__}.kernels")
 
 
 def fold_rmsnorm_weight(weight: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -60,13 +60,13 @@ def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, eps: float,
     if runtime.decide(_kernels.SPEC, args, fused).fused:
         return (*runtime.launch(_kernels.SPEC, args), a.new_empty(0, a.shape[1]))
     # cuBLAS + the standalone norm (rstd is defined when there is nothing to multiply).
-    x_hat, rstd = grads.run_compiled(_rms_norm_rstd, args[0], eps)
+    x_hat, rstd = run_compiled(_rms_norm_rstd, args[0], eps)
     return torch.mm(x_hat, b), rstd, x_hat
 
 
 def _rms_norm_rstd(a: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    rstd = grads.rms_rstd(a, eps)
-    return grads.rms_x_hat(a, rstd), rstd
+    rstd = rms_rstd(a, eps)
+    return rms_x_hat(a, rstd), rstd
 
 
 def _rmsnorm_matmul_fake(a, b, eps, fused):
@@ -85,13 +85,102 @@ def _rmsnorm_matmul_fake(a, b, eps, fused):
             a.new_empty(rows, a.shape[1]))
 
 
+# --- backward formulas (the fused dgrad kernel's math, and the unfused backward) -----------
+
+
+def given_rstd_dgrad(g: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(da in ``a.dtype``, drstd fp32) of ``c = (a * rstd[:, None]) @ b`` with ``rstd`` an
+    input, from ``g = dc @ b^T`` (fp32): ``da = rstd * g``, ``drstd = sum_k(a * g)``."""
+    g32 = f32(g)
+    return (g32 * rstd[:, None]).to(a.dtype), (f32(a) * g32).sum(dim=1)
+
+
+def prenorm_norm_backward(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor):
+    """(da, x_hat) in ``a.dtype`` from ``dx_hat = dc @ b^T``: the RMSNorm backward the
+    pre-norm dgrad kernel applies in its epilogue."""
+    x_hat = f32(a) * rstd[:, None]
+    return rms_row_backward(f32(dx_hat), x_hat, rstd).to(a.dtype), x_hat.to(a.dtype)
+
+
+def _prenorm_norm_backward_into(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor):
+    """:func:`prenorm_norm_backward` with dA written over ``dx_hat`` (same dtype as ``a``)."""
+    da, x_hat = prenorm_norm_backward(dx_hat, a, rstd)
+    return dx_hat.copy_(da), x_hat
+
+
+def rmsnorm_matmul_dgrad(a, b, dc, rstd):
+    """(da, x_hat) of ``c = (a * rstd[:, None]) @ b``, unfused: the dgrad GEMM (cuBLAS), then
+    the norm's backward as one pass (inductor-compiled on CUDA), which writes dA over the
+    GEMM's output ``dx_hat`` (:func:`_dgrad_then`)."""
+    return _dgrad_then(prenorm_norm_backward, _prenorm_norm_backward_into, a, b, dc, rstd)
+
+
+def prenorm_da(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """dA in ``a.dtype`` from ``dx_hat = dc @ b^T``: :func:`prenorm_norm_backward` without
+    writing ``x_hat`` (rebuilt in fp32 from ``a``), for a backward that kept the forward's."""
+    return rms_row_backward(f32(dx_hat), f32(a) * rstd[:, None], rstd).to(a.dtype)
+
+
+def _prenorm_da_into(dx_hat: torch.Tensor, a: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """:func:`prenorm_da` written over ``dx_hat`` (same dtype as ``a``)."""
+    return dx_hat.copy_(prenorm_da(dx_hat, a, rstd))
+
+
+def dgrad_in_place(dx_hat: torch.Tensor, a: torch.Tensor) -> bool:
+    """Whether the norm's backward writes dA over the dgrad GEMM's output ``dx_hat`` [M, K]
+    (a new contiguous tensor of ``a``'s shape, which nothing reads after it): when it has dA's
+    dtype, ``a``'s. Each row's statistic is read before its elements are written, and inductor
+    stores into the mutated input's buffer (one kernel, no copy; checked in its output code).
+    It saves an [M, K] allocation at the backward's peak: ``a``, ``x_hat``, ``dx_hat`` and dA
+    were live together."""
+    return dx_hat.dtype == a.dtype
+
+
+def _dgrad_then(norm_pass, norm_pass_into, a, b, dc, rstd):
+    """The dgrad GEMM ``dx_hat = dc @ b^T`` (cuBLAS), then one compiled norm pass over it:
+    ``norm_pass_into`` (dA written over ``dx_hat``) where :func:`dgrad_in_place`, else
+    ``norm_pass``."""
+    dx_hat = torch.mm(dc, b.t())
+    return run_compiled(norm_pass_into if dgrad_in_place(dx_hat, a) else norm_pass, dx_hat, a, rstd)
+
+
+def rmsnorm_matmul_da(a, b, dc, rstd):
+    """dA alone of ``c = (a * rstd[:, None]) @ b``, unfused: :func:`rmsnorm_matmul_dgrad`
+    without writing ``x_hat`` (the dgrad GEMM, then one compiled pass, :func:`prenorm_da`,
+    writing dA over ``dx_hat``: :func:`_dgrad_then`)."""
+    return _dgrad_then(prenorm_da, _prenorm_da_into, a, b, dc, rstd)
+
+
+def kept_x_hat_grads(a, b, rstd, x_hat, dc, need_a: bool = True, need_b: bool = True):
+    """(dA, dB) of ``c = x_hat @ b``, ``x_hat = a * rstd[:, None]`` in ``a.dtype``, with the
+    forward's ``x_hat`` kept (the unfused pre-norm path): the cuBLAS dgrad, one compiled pass
+    that reads ``dx_hat`` and ``a`` (rebuilding ``x_hat`` in fp32) and writes only dA
+    (:func:`rmsnorm_matmul_da`), and the cuBLAS wgrad on the kept ``x_hat``: one [M, K] write
+    less than :func:`rmsnorm_matmul_grads`."""
+    da = rmsnorm_matmul_da(a, b, dc, rstd) if need_a else None
+    db = wgrad(x_hat, dc, b) if need_b else None
+    return da, db
+
+
+def rmsnorm_matmul_grads(a, b, rstd, dc, need_a: bool = True, need_b: bool = True):
+    """(dA, dB) of ``c = (a * rstd[:, None]) @ b`` (the weight is folded into ``b``), unfused:
+    the dgrad GEMM, the norm's backward, the wgrad GEMM on ``x_hat``."""
+    da = x_hat = db = None
+    if need_a:
+        da, x_hat = rmsnorm_matmul_dgrad(a, b, dc, rstd)
+    if need_b:
+        db = wgrad(run_compiled(rms_x_hat, a, rstd) if x_hat is None else x_hat, dc, b)
+    return da, db
+
+
+
 def _dgrad(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, rstd: torch.Tensor,
            fused: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     """(da, x_hat) of ``c = (a * rstd) @ b`` for the output gradient ``dc``."""
     args = (a, b, dc.contiguous(), rstd)
-    if runtime.decide(_backward_kernels.SPEC, args, fused).fused:
-        return runtime.launch(_backward_kernels.SPEC, args)
-    return grads.rmsnorm_matmul_dgrad(*args)
+    if runtime.decide(_kernels.SPEC_BACKWARD, args, fused).fused:
+        return runtime.launch(_kernels.SPEC_BACKWARD, args)
+    return rmsnorm_matmul_dgrad(*args)
 
 
 def _dgrad_fake(a, b, dc, rstd, fused):
@@ -104,7 +193,7 @@ _DGRAD = Op("rmsnorm_matmul_backward", _dgrad, _dgrad_fake)
 def _grads(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, rstd: torch.Tensor, x_hat: torch.Tensor,
            fused: bool | None, need_a: bool, need_b: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(dA, dB) of ``c = (a * rstd[:, None]) @ b``, each [0] where not needed; dA contiguous, dB laid
-    out as ``b`` (:func:`~helion_kernels.grads.wgrad`: W's gradient row-major for ``b = W.t()``).
+    out as ``b`` (:func:`~helion_kernels.wgrad`: W's gradient row-major for ``b = W.t()``).
 
     With the unfused forward's ``x_hat`` kept (M rows): the cuBLAS dgrad, one compiled pass
     writing only dA, the cuBLAS wgrad on ``x_hat``. Without (the fused forward, or dB not
@@ -112,22 +201,22 @@ def _grads(a: torch.Tensor, b: torch.Tensor, dc: torch.Tensor, rstd: torch.Tenso
     for the cuBLAS wgrad; when only dA is needed, the unfused dgrad writes no ``x_hat``."""
     a = a.contiguous()
     if x_hat.shape[0]:
-        da, db = grads.kept_x_hat_grads(a, b, rstd, x_hat, dc, need_a, need_b)
+        da, db = kept_x_hat_grads(a, b, rstd, x_hat, dc, need_a, need_b)
     else:
         da = db = None
-        fused_dgrad = need_a and runtime.decide(_backward_kernels.SPEC, (a, b, dc, rstd), fused).fused
+        fused_dgrad = need_a and runtime.decide(_kernels.SPEC_BACKWARD, (a, b, dc, rstd), fused).fused
         if need_a and (need_b or fused_dgrad):
             da, x_hat = _DGRAD(a, b, dc, rstd, fused_dgrad)
         elif need_a:
-            da = grads.rmsnorm_matmul_da(a, b, dc, rstd)
+            da = rmsnorm_matmul_da(a, b, dc, rstd)
         if need_b:
-            db = grads.wgrad(x_hat if x_hat.shape[0] else grads.run_compiled(grads.rms_x_hat, a, rstd), dc, b)
+            db = wgrad(x_hat if x_hat.shape[0] else run_compiled(rms_x_hat, a, rstd), dc, b)
     return (a.new_empty(0) if da is None else da), (b.new_empty(0) if db is None else db)
 
 
 def _grads_fake(a, b, dc, rstd, x_hat, fused, need_a, need_b):
     return (a.new_empty(a.shape) if need_a else a.new_empty(0),
-            grads.empty_like_layout(b) if need_b else b.new_empty(0))
+            empty_like_layout(b) if need_b else b.new_empty(0))
 
 
 _GRADS = Op("rmsnorm_matmul_grads", _grads, _grads_fake)
@@ -163,7 +252,7 @@ def _given_rstd(a: torch.Tensor, b: torch.Tensor, rstd: torch.Tensor, fused: boo
     args = (a.contiguous(), gemm_operand(b), rstd.contiguous())
     if runtime.decide(_kernels.SPEC_GIVEN_RSTD, args, fused).fused:
         return runtime.launch(_kernels.SPEC_GIVEN_RSTD, args)
-    return torch.mm(grads.run_compiled(grads.rms_x_hat, a, rstd), b)
+    return torch.mm(run_compiled(rms_x_hat, a, rstd), b)
 
 
 def _given_rstd_fake(a, b, rstd, fused):
@@ -186,9 +275,9 @@ def _backward_given_rstd(ctx, dc):
     need_a, need_b, need_rstd = ctx.needs_input_grad[:3]
     da = db = drstd = None
     if need_a or need_rstd:
-        da, drstd = grads.run_compiled(grads.given_rstd_dgrad, grads.mm_fp32(dc, b.t()), a, rstd)
+        da, drstd = run_compiled(given_rstd_dgrad, mm_fp32(dc, b.t()), a, rstd)
     if need_b:
-        db = grads.wgrad(grads.run_compiled(grads.rms_x_hat, a, rstd), dc, b)
+        db = wgrad(run_compiled(rms_x_hat, a, rstd), dc, b)
     return (da if need_a else None), db, (drstd if need_rstd else None), None
 
 
@@ -211,7 +300,7 @@ def rmsnorm_matmul(
     Computes ``c = (a * rstd[:, None] * weight) @ b`` with
     ``rstd = 1 / sqrt(mean(a**2, dim=1) + eps)``: the GEMM runs on the raw ``a`` and its
     epilogue scales the accumulator by ``rstd``, which each program computes once for its
-    block of rows (see :mod:`helion_kernels.kernels.rmsnorm_matmul`).
+    block of rows (see :mod:`.kernels`).
     Technique 2 ("deferred pre-norm") of the PyTorch blog "Towards Free Normalization:
     Fusing Normalization into GEMM and Attention Kernels" (Meta, 2026).
 
@@ -248,7 +337,7 @@ def rmsnorm_matmul(
         ``rstd`` the backward saves ``a``, ``b`` and the fp32 ``rstd``. After the fused
         forward it rebuilds the normalised ``a`` on the fly: the dgrad (fused: the whole
         RMSNorm backward in the GEMM's epilogue,
-        :mod:`helion_kernels.kernels.rmsnorm_matmul_backward`) writes ``x_hat`` for the cuBLAS
+        :mod:`.kernels`) writes ``x_hat`` for the cuBLAS
         wgrad. After the unfused forward it also keeps that forward's ``x_hat`` when ``b``
         needs a gradient (one [M, K] tensor in the input dtype, as the compiled PyTorch pair
         keeps its norm output): the wgrad reads it and the norm's backward writes only dA.

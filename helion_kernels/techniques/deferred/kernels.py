@@ -1,37 +1,21 @@
 """Deferred post-norm: ``rms_norm(a @ b, w) @ c`` without ever normalising ``a @ b``.
 
-Candidate 3 of the split-N post-norm (technique 3 of the PyTorch blog "Towards Free
-Normalization: Fusing Normalization into GEMM and Attention Kernels", Meta, July 2026), for
-the Linear -> RMSNorm -> Linear pattern. When the norm's only consumer is the next GEMM, the
-deferred pre-norm identity (technique 2, :mod:`.rmsnorm_matmul`) moves the normalisation
-past it::
+For the Linear -> RMSNorm -> Linear pattern (a split-N candidate of technique 3 of the
+PyTorch blog "Towards Free Normalization", Meta, July 2026). When the norm's only consumer is
+the next GEMM, the deferred pre-norm identity (technique 2) moves the normalisation past it::
 
     rms_norm(x, w) @ c == rstd[:, None] * (x @ (w[:, None] * c)),   x = a @ b
 
-and ``rstd`` comes from the split-N partials the producer GEMM already writes:
+1. producer (:func:`matmul_rmsnorm_partials_kernel`): ``x = a @ b`` un-normalised (its own N
+   tiling) and per-row, per-N-tile sums of squares [M, T];
+2. consumer (:func:`rmsnorm_scaled_matmul_kernel`): a GEMM on ``x`` and the folded
+   ``w[:, None] * c`` whose epilogue sums a row's T partials and scales by ``rstd``.
 
-1. producer: :func:`matmul_rmsnorm_partials_kernel` writes ``x = a @ b`` un-normalised (any N, its own N tiling) and per-row, per-N-tile sums of
-   squares [M, T];
-2. consumer: :func:`rmsnorm_scaled_matmul_kernel`, a plain GEMM on ``x`` and the folded
-   ``w[:, None] * c`` whose epilogue sums a row's T partials and scales the accumulator by
-   ``rstd``.
-
-Against cuBLAS GEMM -> standalone RMSNorm -> cuBLAS GEMM this drops the norm's whole pass
-(a read and a write of [M, N]); what is added is the partials (T floats per row) and the
-fold of ``w`` into ``c`` (once per weight update). No load feeds both an MMA and a
-reduction (the Hopper hazard of :mod:`.rmsnorm_matmul`): the consumer's only extra load is
-the [tile_m, T] partials block in its epilogue. The normalised activations never exist, so
-this applies only when nothing else (a residual, a second consumer) reads them.
-LayerNorm's version needs the tile centred per N tile (as the split-N LayerNorm stores it)
-and a rank-T correction in the consumer's epilogue; not written yet.
-
-Configs: the producer's tiling is this op's registry entry at (M, K, N) (:data:`SPEC`, tuned
-with ``helion-kernels autotune --kernel matmul_rmsnorm_matmul``; the shipped H200 entries
-are the phase-1 tilings tuned for the persistent split-N kernel, which this producer ran
-with when it was measured); the consumer's is the plain ``matmul`` entry at (M, N, N2)
-(:func:`consumer_config_for`). The entry also records whether the whole op (both kernels,
-timed at N2 = K) beat cuBLAS -> compiled RMSNorm -> cuBLAS there (:data:`SPEC`'s
-``dispatch_fused`` and ``dispatch_baseline``); the public op follows that decision.
+Against cuBLAS -> standalone RMSNorm -> cuBLAS this drops the norm's pass (a read and a write
+of [M, N]); no load feeds both an MMA and a reduction. The normalised activations never
+exist, so this applies only when nothing else reads them. The producer's tiling is this op's
+registry entry at (M, K, N), the consumer's the plain ``matmul`` entry at (M, N, N2)
+(:func:`consumer_config`).
 """
 
 from __future__ import annotations
@@ -41,22 +25,12 @@ import helion.language as hl
 import torch
 import torch.nn.functional as F
 
-from .. import registry
-from ..spec import (
-    KernelSpec,
-    Shape,
-    gemm_flops,
-    gemm_min_bytes,
-    gemm_shape,
-    random_gemm_operands,
-    reference_dtype,
-)
+from ...spec import KernelSpec, Shape, gemm_shape, random_gemm_operands, reference_dtype
 
 __all__ = [
     "CONSUMER_DEFAULT_CONFIG",
     "SPEC",
     "consumer_config",
-    "consumer_config_for",
     "matmul_rmsnorm_matmul_reference",
     "matmul_rmsnorm_partials_kernel",
     "rmsnorm_scaled_matmul_kernel",
@@ -127,13 +101,6 @@ def consumer_config(matmul_config: dict | None) -> helion.Config:
                             if key in matmul_config})
 
 
-def consumer_config_for(m: int, n: int, n2: int, dtype: torch.dtype, device: torch.device) -> helion.Config:
-    """The consumer's config for a call at (M, N, N2): :func:`consumer_config` of the
-    ``matmul`` registry entry at that shape, or the nearest (with the registry's warning)."""
-    found = registry.lookup("matmul", Shape(m, n, n2), dtype, registry.gpu_key(device))
-    return consumer_config(None if found.entry is None else found.entry.config)
-
-
 def matmul_rmsnorm_matmul_reference(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -168,40 +135,6 @@ def _make_args(shape: Shape, dtype: torch.dtype, device, seed: int | None) -> tu
 EPS = 1e-5
 
 
-def dispatch_weight(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The second weight ``c`` [N, N2 = K] with which the fused and unfused ops are timed for
-    the dispatch decision (the block Linear K -> N, RMSNorm over N, Linear N -> K, as in
-    ``bench/postnorm_deferred.py``): N(0, 1/N), drawn from a fixed seed on ``a``'s device."""
-    n, k = b.shape[1], a.shape[1]
-    gen = torch.Generator(device=a.device).manual_seed(0)
-    return (torch.randn(n, k, generator=gen, device=a.device) * n**-0.5).to(a.dtype)
-
-
-def _baselines(a: torch.Tensor, b: torch.Tensor) -> dict:
-    """The cuBLAS GEMM (the producer's unfused twin) and the whole unfused op the dispatch
-    decision times: cuBLAS, the compiled RMSNorm, cuBLAS (the weight folded into ``c``)."""
-    c, n = dispatch_weight(a, b), b.shape[1]
-    norm = torch.compile(lambda x: F.rms_norm(x, (n,), eps=EPS), dynamic=False)
-    return {"cublas_mm": lambda: torch.mm(a, b),
-            "cublas+inductor_norm+cublas": lambda: torch.mm(norm(torch.mm(a, b)), c)}
-
-
-def _dispatch_fused(run, args: tuple):
-    """The whole fused op for the dispatch decision: the producer (``run``, the config being
-    tuned), then the consumer on its ``matmul`` registry config at (M, N, N2 = K)."""
-    a, b = args
-    c = dispatch_weight(a, b)
-    x, partials = run(a, b)
-    # a kernel object of its own, so the op's cached launches keep their configs
-    consumer = helion.kernel(rmsnorm_scaled_matmul_kernel.fn, static_shapes=True).bind((x, c, partials, EPS))
-    consumer.set_config(consumer_config_for(a.shape[0], b.shape[1], c.shape[1], a.dtype, a.device))
-
-    def fused_op():
-        x, partials = run(a, b)
-        return consumer(x, c, partials, EPS)
-    return fused_op
-
-
 # Phase-1 tilings of the split-N kernels ([tile_n, tile_m, tile_k]).
 _SEEDS = tuple(
     helion.Config(block_sizes=[tn, tm, 64], num_warps=w, num_stages=st, indexing=ix, pid_type=pid)
@@ -210,10 +143,8 @@ _SEEDS = tuple(
                                    (256, 128, 8, 3, "tensor_descriptor", "persistent_interleaved"))
 )
 
-# The producer GEMM, tuned and registered under the op's name at (M, K, N). Tuning also times
-# the whole op (both GEMMs, at N2 = K) against cuBLAS -> compiled norm -> cuBLAS and records
-# the faster in the entry, which the public op follows; the benchmark of the whole op with
-# Liger's norm too is bench/postnorm_deferred.py.
+# The producer GEMM, tuned and registered under the op's name at (M, K, N); tuning times the
+# whole op (both GEMMs, at N2 = K) against the unfused pipeline for the dispatch record.
 SPEC = KernelSpec(
     name="matmul_rmsnorm_matmul",
     kernel=matmul_rmsnorm_partials_kernel,
@@ -221,16 +152,8 @@ SPEC = KernelSpec(
     make_args=_make_args,
     key_of=gemm_shape,
     reference=producer_reference,
-    flops=gemm_flops,
-    min_bytes=gemm_min_bytes,
     default_config=helion.Config(block_sizes=[64, 64, 32], num_warps=4, num_stages=2),
     seed_configs=_SEEDS,
-    baselines=_baselines,
-    unfused_baselines=("cublas_mm",),
-    technique=("the first GEMM of rms_norm(a @ b) @ c with per-tile sums of squares (split-N "
-               "candidate 3, technique 3, PyTorch blog 'Towards Free Normalization', 2026)"),
-    gemm_twin="matmul",
     compare_outputs=_sum_partials,
     dispatch_baseline="cublas+inductor_norm+cublas",
-    dispatch_fused=_dispatch_fused,
 )
