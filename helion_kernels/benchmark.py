@@ -59,11 +59,9 @@ BALANCED_ORDER = ("each repeat takes the columns in order, then in reverse order
 def time_columns(columns: dict, repeats: int, timer=None) -> dict[str, list[float]]:
     """Each column's time ``repeats`` times: within each repeat the columns are taken in
     order and then in reverse order, and a column's time for the repeat is the mean of its two
-    timings, so that drift of the GPU's clocks and the place a column takes in the order fall on
-    all columns alike. The place matters on the H200, which runs large GEMMs at its power limit:
-    the same Helion GEMM read 1.00x cuBLAS timed before it and 1.08x timed after it, cuBLAS
-    moving by as much as the GEMM (``bench/NOTES.md``, twenty-first session). ``timer(column)``
-    gives one time in ms; by default the column's CUDA-graph median (:func:`time_ms`)."""
+    timings, so that clock drift (a GPU at its power limit) and a column's place in the order
+    fall on all columns alike. ``timer(column)`` gives one time in ms; by default the column's
+    CUDA-graph median (:func:`time_ms`)."""
     timer = timer or time_ms
     names = list(columns)
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -400,7 +398,7 @@ def cpu_report(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype) ->
 
 def _dispatch(spec: KernelSpec, shape, dtype: torch.dtype, found: registry.Lookup) -> str:
     """What a GEMM + norm op runs at ``shape`` by the registry (:func:`~.runtime.registry_decision`,
-    without a device: the H100/H200 shared memory for the full-row N limit)."""
+    without a device: the default shared memory for the full-row N limit)."""
     limit = spec.n_limit(dtype, "cpu") if spec.n_limit is not None else None
     if limit is not None and shape.N > limit:
         return f"unfused (N > {limit})"

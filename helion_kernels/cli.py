@@ -66,8 +66,8 @@ def _parser() -> argparse.ArgumentParser:
                            "generations) or full (a longer search) (default quick)")
     tune.add_argument("--budget-seconds", type=positive_int, default=60,
                       help="Helion autotune_budget_seconds per shape (default 60). Helion first times "
-                           "the seeds (this package's and its own: 14-17 configs, 20-40 s for the GEMM "
-                           "kernels on an H200), so a much smaller budget leaves no time for its search; "
+                           "the seeds (this package's and its own: 14-17 configs, tens of seconds for the "
+                           "GEMM kernels), so a much smaller budget leaves no time for its search; "
                            "the line printed per shape gives how many configs it timed")
     tune.add_argument("--no-compiler-seeds", dest="compiler_seeds", action="store_false", help=(
         "leave Helion's own compiler seeds out of the first population (its "
@@ -83,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--time-limit", type=positive_int, metavar="SECONDS", help=(
         "end the sweep within this many seconds of the command's start (a batch job's limit, less "
         "Python's and torch's start-up): a shape starts only while its budget + 50 s remain (the most "
-        "a shape ran past its budget on an H200, at --effort quick), the rest are reported 'not "
+        "a shape ran past its budget, at --effort quick), the rest are reported 'not "
         "started' and the command exits 3; the same command later tunes them and skips the finished "
         "ones. A limit below budget + 50 s is refused"))
     tune.add_argument("--seed", type=int, default=0, help="random seed of inputs and search")

@@ -1,17 +1,12 @@
 """Liger's standalone norms as the norm of an op's unfused path.
 
-Where tuning (or, for the split-N entries of the H200, their benchmark) measured cuBLAS +
-Liger's norm faster than cuBLAS + the inductor-compiled norm by the dispatch margin, the
-registry entry names ``cublas+liger_norm`` as the unfused pipeline
-(:func:`~helion_kernels.tuning.dispatch_decision`), and the split-N ops run that pipeline
-when they do not run their fused kernel, provided liger-kernel >= 0.8.5 is installed
-(optional: ``pip install "helion-kernels[liger]"``), the tensors are on a CUDA device and
-the entry is near the call's shape (:func:`~helion_kernels.runtime.unfused_pipeline`).
-Elsewhere the compiled norm runs, as before. On the H200 this is LayerNorm at K x N =
-512x2048, 1024x2048, 2048x2048 and 512x4096 (at N >= 2048 inductor's LayerNorm reads each row
-twice, a looped reduction; Liger's once) and RMSNorm at 512x2048 and 512x4096
-(``bench/results/nvidia_h200_sm90/matmul_{layernorm,rmsnorm}_split_n_postnorm_split_n.csv``,
-medians of 3 repeats).
+Where tuning or the benchmark measured cuBLAS + Liger's norm faster than cuBLAS + the
+inductor-compiled norm by the dispatch margin, the registry entry names ``cublas+liger_norm``
+as the unfused pipeline (:func:`~helion_kernels.tuning.dispatch_decision`), and the split-N
+ops run it when they do not run their fused kernel, provided liger-kernel >= 0.8.5 is
+installed (``pip install "helion-kernels[liger]"``), the tensors are on a CUDA device and the
+entry is near the call's shape (:func:`~helion_kernels.runtime.decide`); elsewhere the
+compiled norm runs.
 
 The functions call Liger's forward functions (``liger_kernel.ops``, the API of 0.8.5),
 which also return the row statistics that the ops return with ``return_stats=True``; no

@@ -230,7 +230,7 @@ class _LinearNorm(_NormLinearPair):
 class LinearLayerNorm(_LinearNorm):
     """``norm(linear(x) [+ residual])`` with ``linear = nn.Linear(K, N)``, ``norm =
     nn.LayerNorm(N)``: the post-norm of a GEMM, fused where tuning measured it faster
-    (technique 1; split-N is not dispatched to, being slower on the H200).
+    (technique 1).
 
     Args:
         in_features, out_features: K and N.

@@ -29,9 +29,8 @@ Lookup (:func:`lookup`) for a call at a key, dtype and GPU:
 2. **nearest**: among the GPU's entries of the same dtype (else of a dtype with the same
    element size, e.g. fp16 for bf16; never one of another size, whose tiles would need
    other amounts of shared memory), the one with the smallest
-   ``|log2(M/M')| / 2 + |log2(K/K')| / 4 + |log2(N/N')|`` (:data:`GEMM_DISTANCE_WEIGHTS`:
-   N matters most to what a config loses at another shape, K least, as measured on the
-   H200; over H and D unweighted), ties to the larger shape. A GPU with no entries of its
+   ``|log2(M/M')| / 2 + |log2(K/K')| / 4 + |log2(N/N')|`` (:data:`GEMM_DISTANCE_WEIGHTS`;
+   over H and D unweighted), ties to the larger shape. A GPU with no entries of its
    own for the kernel uses those of another GPU of the same architecture (``..._sm90``),
    always as *nearest*, so the caller still fits the config to its device;
 3. **default**: the kernel's conservative default config.
@@ -399,19 +398,9 @@ def _update(kernel: str, gpu: str, change, gpu_name: str | None) -> Path:
     return path
 
 
-# Weights of |log2| ratios of (M, K, N) in the nearest-shape distance: the worst loss measured
-# per factor of 2 when a config tuned at one shape runs at another, relative to N's, rounded
-# up to a power of two. H200, bf16 `matmul` (bench/results/nvidia_h200_sm90/variants/):
-# N up to 6.8% (config_transfer_matmul_prenorm_rmsnorm.md, 12 pairs), M up to 2.6%
-# (dynamic_m_K1024_N1024.md, 5 M's from 8192 to 262144), K up to 1.7% (the same transfer
-# file, 14 pairs). Provisional: one table, one timing per pair (about 1% noise), the N figure
-# from one pair (the other 11 within 1.2%), the M figure from one (K, N) and an entry that held
-# the pointer seed, not a config tuned at each M. An attention key's (H, D) weigh alike.
-# At M = 131072 with configs tuned at every row (config_transfer_matmul_prenorm_rmsnorm_M_131072.md,
-# 38 pairs) every transfer lost at most 3.3% in M, K or N, except where one side was the
-# flattened persistent tiling found at 256x512 (up to 21%): that is a config the other searches
-# missed, not a shape effect, so it is answered by seeding searches with the neighbours' configs
-# (neighbour_entries), not by new weights.
+# Weights of |log2| ratios of (M, K, N) in the nearest-shape distance: N matters most to what
+# a config loses at another shape, K least (bench/NOTES.md, config transfer); an attention
+# key's (H, D) weigh alike.
 GEMM_DISTANCE_WEIGHTS = Shape(M=0.5, K=0.25, N=1.0)
 
 

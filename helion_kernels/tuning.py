@@ -71,9 +71,8 @@ def dispatch_decision(fused_ms: float, unfused_ms: float, unfused: str,
 
 
 # How far one key's tuning can run past ``budget_seconds``: Helion finishes the generation in
-# progress (its search ran up to 33.5 s past the budget in the 139 entries of the committed H200
-# registry that record one: 78.5 s at 45 s), then the seeds are re-timed and the pick verified
-# (10-15 s a GEMM shape on the H200: bench/NOTES.md, the eighth session's tuning logs).
+# progress, then the seeds are re-timed and the pick verified (bench/NOTES.md has the measured
+# overshoots).
 OVERSHOOT_SECONDS = 50
 
 
@@ -301,9 +300,7 @@ def registry_seeds(config_spec, entries: dict, key, dtype: str, hand_picked=(), 
     Helion normalises to the same one count once (the first kept).
 
     The neighbours are there because a config found at one shape can beat the search at the
-    next: on the H200 the M = 131072 search at 256x512 found a flattened persistent loop that
-    took 7.6-13.4% less time than the searches' own picks at 256x256, 256x1024 and 512x512
-    (``bench/results/nvidia_h200_sm90/variants/config_transfer_matmul_prenorm_rmsnorm_M_131072.md``).
+    next (measured: bench/NOTES.md, config transfer).
     """
     def seed(config: dict | helion.Config, source: str) -> tuple[helion.Config, str, dict]:
         fitted = fit_seed(config_spec, config if isinstance(config, helion.Config) else helion.Config(**config))
@@ -415,10 +412,9 @@ def carried_training_record(existing: registry.Entry | None) -> dict:
     ``{}``.
 
     Tuning times the forward only. Without a training record a training call follows the
-    forward decision, which leaves out the write of the norm's input that training adds: a
-    row measured unfused in training would flip to fused (on the H200, RMSNorm 262144x128x512
-    ran fused 8% slower in training, 1.16x faster in the forward). Assumed, not measured: the
-    write costs about the same under the new tiling, so the previous config's training
+    forward decision, which leaves out the write of the norm's input that training adds, so a
+    row measured unfused in training could flip to fused. Assumed, not measured: the write
+    costs about the same under the new tiling, so the previous config's training
     decision is the better guess until ``bench/postnorm_training_forward.py`` and
     ``bench/dispatch_from_bench.py --training`` measure the new one. The runtime runs a
     training call fused only where the forward decision is fused too.

@@ -93,9 +93,8 @@ def check_deterministic(run, repeats: int = 4) -> None:
     """Run ``run()`` ``1 + repeats`` times on the same inputs; every result must be bitwise equal.
 
     The kernels here have no atomics or split reductions, so a fixed config must give the
-    same bits every time: a difference means a race (seen on Hopper with Triton 3.6 for
-    some tilings of the fused kernel, see bench/NOTES.md), which a single reference
-    check on one draw can miss.
+    same bits every time: a difference means a race, which a single reference check on one
+    draw can miss.
 
     Raises:
         VerificationError: naming how many elements changed between runs.

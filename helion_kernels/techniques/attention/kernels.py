@@ -375,7 +375,7 @@ DEFAULT_CONFIG = helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2)
 def with_saved_outputs(config: helion.Config, args: tuple) -> helion.Config:
     """``config`` for a call that passes ``o_saved`` / ``stats`` (the last two arguments): a
     per-access ``indexing`` list, tuned without their stores, collapses to its one value when
-    all entries agree (every H200 entry is all "pointer"), else to "pointer"."""
+    all entries agree, else to "pointer"."""
     indexing = config.config.get("indexing")
     if not isinstance(indexing, list) or not any(isinstance(t, torch.Tensor) for t in args[12:14]):
         return config

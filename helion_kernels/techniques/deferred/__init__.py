@@ -95,13 +95,12 @@ def matmul_rmsnorm_matmul(
     Free Normalization" (Meta, 2026), see :mod:`.kernels`:
     the first GEMM writes ``x = a @ b`` and per-row partial sums of squares; the second runs
     on ``x`` and ``w[:, None] * c`` and scales its accumulator by ``rstd``. For the Linear ->
-    RMSNorm -> Linear pattern when nothing else reads the normalised activations. On the
-    H200 it beats cuBLAS -> standalone RMSNorm -> cuBLAS only at K = 512 with N >= 2048
-    (``bench/results/``), so the op runs the two kernels only where tuning measured them at
-    least 2% faster than cuBLAS, the compiled norm and cuBLAS (timed at N2 = K) at this (M,
-    K, N), or at the nearest tuned shape (``fused=None``, as for the other GEMM + norm ops;
-    unfused on a GPU with no entries for its architecture; in Helion's reference mode, which
-    has no timings, the kernels). The decision does not look at N2. ``fused=True`` forces the
+    RMSNorm -> Linear pattern when nothing else reads the normalised activations. The op runs
+    the two kernels only where tuning measured them at least 2% faster than cuBLAS, the
+    compiled norm and cuBLAS (timed at N2 = K) at this (M, K, N) or the nearest tuned shape
+    (``fused=None``, :func:`~helion_kernels.runtime.decide`; unfused on a GPU without entries
+    for its architecture; the kernels in Helion's reference mode). The decision does not look
+    at N2. Measured: ``bench/results/<gpu>/matmul_rmsnorm_matmul_*``. ``fused=True`` forces the
     kernels, ``fused=False`` the unfused path. The first GEMM's tiling is this op's registry
     entry at (M, K, N), the second's the ``matmul`` entry at (M, N, N2), each falling back
     (with a warning) to the nearest or a default config.

@@ -316,17 +316,15 @@ def rmsnorm_matmul(
             ``a``: a residual add or GEMM epilogue that also emits its rows' statistics
             (under ``torch.compile``, ``x = r + h; rstd = torch.rsqrt(x.float().square().mean(-1)
             + eps)`` compiles to one pass). The GEMM then only scales its epilogue by it (kernel
-            ``rmsnorm_matmul_given_rstd``): 1.01x the plain Helion GEMM's time at
-            65536x1024x1024 on the H200, against 1.17x with the statistics computed here
-            (``bench/results/nvidia_h200_sm90/variants/pre_norm_variants_scale_only.md``).
+            ``rmsnorm_matmul_given_rstd``; measured: ``bench/results/<gpu>/prenorm_stats_bound.md``).
             Differentiable: its gradient flows back into its producer.
         return_rstd: also return ``rstd`` [M] fp32 (what a backward needs; the given one
             when ``rstd`` is given).
         fused: None: the forward and the backward each follow the registry's decision for
-            this shape (:func:`use_fused`, :func:`use_fused_backward`, the latter after a
-            fused forward or for dA alone; the fused kernel only
-            where tuning measured it faster than cuBLAS + the inductor-compiled norm; with
-            ``rstd`` given, :func:`use_fused_given_rstd`); True: both fused; False: both
+            this shape (:func:`~helion_kernels.runtime.decide` for ``rmsnorm_matmul``, and for
+            ``rmsnorm_matmul_backward`` after a fused forward or for dA alone; the fused kernel
+            only where tuning measured it faster than cuBLAS + the inductor-compiled norm; with
+            ``rstd`` given, for ``rmsnorm_matmul_given_rstd``); True: both fused; False: both
             unfused (the inductor-compiled norm, cuBLAS GEMMs). With ``rstd`` given the
             backward is cuBLAS GEMMs and one compiled elementwise pass either way.
 

@@ -71,23 +71,17 @@ def matmul_layernorm_split_n(
     """``layer_norm(a @ b, (N,), weight, bias, eps)`` for any N, the row split into N tiles.
 
     Split-N post-norm, technique 3 of the PyTorch blog "Towards Free Normalization" (Meta,
-    2026), as the row sweep of :mod:`.kernels`: the GEMM
-    keeps its own N tiling (tile_n < N); one program per row block walks the block's N
-    tiles, storing each un-normalised (centred on its own mean) and merging its statistics
-    with Chan's formula, then re-reads the tiles from L2 and normalises them. On the H200 it
-    is correct but 1.11-1.24x slower than cuBLAS + the best standalone norm on every
-    benchmarked shape (``bench/results/``), so ``matmul_layernorm`` does not dispatch to it,
-    and this op itself runs the kernel only where tuning measured it at least 2% faster than
-    cuBLAS + the compiled norm (``fused=None``: the registry's decision at this shape or the
-    nearest tuned one, as for the full-row ops; unfused on a GPU with no entries for its
-    architecture (another GPU of the same architecture follows the tuned one's); none of the
-    H200's tuned rows chose it). ``fused=True`` forces the kernel (with a conservative default
-    config and a warning on a GPU without entries), ``fused=False`` the unfused path.
-
-    The unfused path is cuBLAS + the compiled norm, or cuBLAS + Liger's norm where the
-    registry recorded that pipeline at least 2% faster and liger-kernel is installed
-    (:mod:`helion_kernels.liger_norm`; on the H200 LayerNorm at every row with N >= 2048,
-    where inductor's LayerNorm reads each row twice, and RMSNorm at K = 512, N = 2048 and 4096).
+    2026), as the row sweep of :mod:`.kernels`: the GEMM keeps its own N tiling; one program
+    per row block walks the block's N tiles, storing each un-normalised (centred on its own
+    mean) and merging its statistics with Chan's formula, then re-reads the tiles from L2 and
+    normalises them. ``fused=None`` runs the kernel only where tuning or the benchmark
+    measured it at least 2% faster than the unfused path, at this shape or the nearest tuned
+    one (:func:`~helion_kernels.runtime.decide`; unfused on a GPU without entries for its
+    architecture); ``fused=True`` forces the kernel (a conservative default config and a
+    warning on a GPU without entries), ``fused=False`` the unfused path: cuBLAS + the
+    compiled norm, or cuBLAS + Liger's norm where the registry recorded that faster and
+    liger-kernel is installed (:mod:`helion_kernels.liger_norm`). Measured:
+    ``bench/results/<gpu>/matmul_layernorm_split_n_*``.
 
     Args, returns and errors: as :func:`~helion_kernels.matmul_layernorm`, without an N limit
     and without ``linear_bias`` and ``residual``. Gradients as there too, but nothing of the
@@ -117,11 +111,9 @@ def matmul_rmsnorm_split_n(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``rms_norm(a @ b, (N,), weight, eps)`` for any N, the row split into N tiles.
 
-    The RMSNorm twin of :func:`matmul_layernorm_split_n` (same technique and kernel design,
-    same dispatch, unfused path and caveats: on the H200 from break-even at K = N = 512 to
-    1.15x slower than cuBLAS + the best standalone norm, and Liger's RMSNorm faster than
-    the compiled one on no row; with fp16 inputs a product past 65504 overflows
-    between the sweeps; the backward recomputes ``a @ b``). Args, returns and errors: as
+    The RMSNorm twin of :func:`matmul_layernorm_split_n` (same technique, kernel, dispatch,
+    unfused path and caveats: with fp16 inputs a product past 65504 overflows between the
+    sweeps; the backward recomputes ``a @ b``). Args, returns and errors: as
     :func:`~helion_kernels.matmul_rmsnorm`, without an N limit and without ``linear_bias``
     and ``residual``.
     """
