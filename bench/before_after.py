@@ -54,10 +54,12 @@ def _child(rows: list) -> dict:
     from helion_kernels.timing import input_copies, time_ms
     from helion_kernels.verify import check_outputs
 
-    try:
-        from helion_kernels.techniques import get_spec
-    except ImportError:  # the layout before techniques/
-        from helion_kernels.kernels import get_spec
+    import importlib
+
+    import helion_kernels
+
+    new = (Path(helion_kernels.__file__).parent / "techniques").is_dir()  # else the layout before techniques/
+    get_spec = importlib.import_module("helion_kernels.techniques" if new else "helion_kernels.kernels").get_spec
     out = {}
     device = torch.device("cuda")
     for name, kind, row in rows:
@@ -81,9 +83,10 @@ def _child(rows: list) -> dict:
     return out
 
 
-def _run(folder: Path) -> dict:
+def _run(folder: Path, kernels: list[str]) -> dict:
     code = (f"import sys, json; sys.path.insert(0, {str(folder)!r}); sys.path.insert(1, {str(CHECKOUT / 'bench')!r}); "
-            f"import before_after; print(json.dumps(before_after._child(before_after.ROWS)))")
+            f"import before_after; rows = [r for r in before_after.ROWS if r[0] in {kernels!r}]; "
+            f"print(json.dumps(before_after._child(rows)))")
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))},
                           capture_output=True, text=True, cwd=folder)
     sys.stderr.write(done.stderr[-3000:])
@@ -105,6 +108,8 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", type=Path, required=True, help="the folder holding the other package")
     parser.add_argument("--repeats", type=int, default=3, help="processes per package, alternating")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/<gpu>/")
+    parser.add_argument("--kernels", nargs="+", default=[name for name, *_ in ROWS], choices=[name for name, *_ in ROWS],
+                        help="the rows to time (default: all)")
     args = parser.parse_args(argv)
     import torch
 
@@ -114,9 +119,9 @@ def main(argv=None) -> int:
     runs: dict[str, list[dict]] = {label: [] for label in packages}
     for _ in range(args.repeats):
         for label, folder in packages.items():
-            runs[label].append(_run(folder))
+            runs[label].append(_run(folder, args.kernels))
     rows = []
-    for name, kind, row in ROWS:
+    for name, kind, row in (r for r in ROWS if r[0] in args.kernels):
         out = {"kernel": name, "row": "x".join(map(str, row[:3])) if kind == "gemm" else f"H{row[1]} q<={row[3]}"}
         for label in packages:
             got = [r[name] for r in runs[label]]
@@ -137,7 +142,8 @@ def main(argv=None) -> int:
     text = "\n".join([
         f"# One row per technique, before and after, on {torch.cuda.get_device_name()}", "",
         f"- command: `python bench/before_after.py --baseline <the package of {_commit(args.baseline)}> "
-        f"--repeats {args.repeats}`",
+        f"--repeats {args.repeats}" + ("" if len(args.kernels) == len(ROWS) else " --kernels " + " ".join(args.kernels))
+        + "`",
         f"- date: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}; after: {_commit(CHECKOUT)}, before: "
         f"{_commit(args.baseline)}",
         "- timer: CUDA-graph replay (do_bench_cudagraph), median, input sets rotated to >= 4x L2; each package in "

@@ -27,6 +27,7 @@ import difflib
 import hashlib
 import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -170,6 +171,11 @@ def save(out: Path, only=None) -> None:
         print(f"[{time.time() - start:6.0f} s] {row['status'][:40]:10} {gpu} {op} {key} {build} {variant}",
               flush=True)
     pd.DataFrame(rows).to_csv(out / "manifest.csv", index=False)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "helion_kernels"], capture_output=True, text=True,
+                           cwd=Path(__file__).resolve().parent).stdout.strip()
+    (out / "COMMIT").write_text(commit + (" (with uncommitted changes)" if dirty else "") + "\n")
     print(f"{len(rows)} calls in {time.time() - start:.0f} s -> {out}")
 
 
@@ -227,8 +233,28 @@ def compare(before: Path, after: Path, out: Path) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out, index=False)
-    print(df.groupby(["op", "result"]).size().to_string())
+    counts = df.groupby(["op", "result"]).size().rename("calls").reset_index()
+    host = df[df.result == "same kernel"].changed_lines.str.replace(r"\d+", "#", regex=True)
+    text = "\n".join([
+        "# Generated Triton code before and after a refactor", "",
+        f"- command: `python bench/codegen_snapshot.py compare {before.name} {after.name}` (each folder written by "
+        "`save` on its own commit: " + ", ".join(f"{p.name}: {_stamp(p)}" for p in (before, after)) + ")",
+        f"- {len(df)} calls: every shipped registry entry x each call variant an op makes x the static and the "
+        "dynamic-M build, plus the pinned GDPA kernels; `host_tensor_descriptors` dropped where set (a CUDA-only key)",
+        "- `identical`: byte for byte; `same code`: the same once comments and docstrings (which cite source "
+        "lines) are dropped and kernel names replaced; `same kernel`: every `@triton.jit` function the same so, "
+        "the host function (output allocation and launch) differs; `differs`: a kernel differs", "",
+        counts.to_markdown(index=False), "",
+        "Host-function differences of the `same kernel` calls (numbers as #), each distinct text once:", "",
+        *(f"- `{text[:400]}`" for text in sorted(set(host))), ""])
+    out.with_suffix(".md").write_text(text)
+    print(counts.to_string(index=False))
     return df
+
+
+def _stamp(folder: Path) -> str:
+    stamp = folder / "COMMIT"
+    return stamp.read_text().strip() if stamp.is_file() else "unrecorded"
 
 
 def main(argv=None) -> int:

@@ -82,11 +82,18 @@ def _cases(hk, torch, device: str = "cpu"):
     ]
 
 
-def _fused_registry(folder: Path, cases) -> None:
-    """A user registry with a "fused" entry on the CPU's key for each case's shape (the
-    spec's default config, which generates code for any shape)."""
-    from helion_kernels import registry
-    from helion_kernels.techniques import get_spec
+def _get_spec(name: str):
+    import importlib
+
+    import helion_kernels
+
+    new = (Path(helion_kernels.__file__).parent / "techniques").is_dir()  # else the layout before techniques/
+    return importlib.import_module("helion_kernels.techniques" if new else "helion_kernels.kernels").get_spec(name)
+
+
+def _fused_registry(folder: Path, cases, gpu: str = "cpu") -> None:
+    """A user registry with a "fused" entry on ``gpu``'s registry key for each case's shape
+    (the spec's default config, which generates code for any shape)."""
 
     for _, kernel, key, *_ in cases:
         if kernel is None:

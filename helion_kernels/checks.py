@@ -46,9 +46,10 @@ def flag(op: str, name: str, x) -> bool:
 def same_device(op: str, *tensors: torch.Tensor) -> torch.device:
     """The one device of ``tensors``; ValueError if they are on several, or on ``meta``."""
     device = tensors[0].device
-    if any(t.device != device for t in tensors[1:]):
-        raise ValueError(f"{op}: all tensors must be on one device, got "
-                         f"{sorted({str(t.device) for t in tensors})}")
+    for t in tensors[1:]:
+        if t.device != device:
+            raise ValueError(f"{op}: all tensors must be on one device, got "
+                             f"{sorted({str(t.device) for t in tensors})}")
     if device.type == "meta":
         raise ValueError(f"{op}: meta tensors hold no data; pass CUDA tensors")
     return device

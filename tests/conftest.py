@@ -66,7 +66,7 @@ def _cpu_workarounds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Patch two known gaps of the Triton interpreter for the duration of each test (never
     in the library). (The gap of torch's CPU build that Helion's reference mode falls into,
     ``torch.mm(..., out_dtype=)``, is filled by the library itself:
-    ``helion_kernels/kernels/cpu_reference_mode.py``.)
+    ``helion_kernels/cpu_reference_mode.py``.)
 
     * The Triton interpreter does not implement ``libdevice.rsqrt``, ``tanh``, ``erf`` or
       ``exp``: route them to ``tl.math.rsqrt``, ``2 * sigmoid(2x) - 1``, ``tl.math.erf`` and
