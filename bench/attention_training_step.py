@@ -28,6 +28,7 @@ Writes ``attention_training_step_<workload>[_graph][_<where>].{csv,md,json,png}`
 
 from __future__ import annotations
 
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -35,12 +36,11 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from helion_kernels import flash_norm_attention, gdpa, registry, workloads
-from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
+from helion_kernels import flash_norm_attention, gdpa, registry
+from helion_kernels.benchmark import aim_bars, device_ceilings, finish_plot, run_meta, workload_script_args, write_results
 from helion_kernels.bench_specs import compiled_unfused_block, norm_block, unfused_block
 from helion_kernels.techniques.attention.kernels import EPS
 from helion_kernels.techniques.attention.kernels import random_jagged_inputs
-from helion_kernels.timing import measure_ceilings
 from helion_kernels.verify import check_outputs
 from helion_kernels.workloads import problems
 
@@ -160,24 +160,21 @@ def main() -> int:
             if args.cprofile:
                 python_profile(f"fused H{row.H} q<={row.max_seq_len_q}", steps["fused"])
         return 0
-    ceilings = measure_ceilings(device)
+    ceilings = device_ceilings(device)
     rows = []
     for row in problems(table, kind="attention"):
         rows.append(bench_row(row, args.timer))
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
     df = pd.DataFrame(rows)
-    meta = run_meta(device, ceilings, inputs=f"bf16 q, k, v and norm parameters, all requiring grad; {ACTIVATION}; "
-                                             "random output gradient",
+    meta = run_meta(device, ceilings, timer=args.timer, repeats=1,
+                    inputs=f"bf16 q, k, v and norm parameters, all requiring grad; {ACTIVATION}; random output gradient",
                     baselines="unfused block (padded attention) eager and under torch.compile(dynamic=True); "
                               "gdpa (with its backward) between eager norms")
-    meta["timing"] = ("CUDA-graph replay (triton.testing.do_bench_cudagraph), median" if args.timer == "graph"
-                      else "triton.testing.do_bench, median, not graph-captured") + ", the same for every column"
-    meta["command"] = ("python bench/attention_training_step.py" + (f" --where {args.where!r}" if args.where else "")
-                       + (" --timer graph" if args.timer == "graph" else ""))
-    stem = (f"attention_training_step_{args.workload}" + ("_graph" if args.timer == "graph" else "")
-            + workloads.where_suffix(args.where))
+    meta["timing"] = ("every column of a row by the row's timer (graph: CUDA-graph replay, do_bench_cudagraph; "
+                      "plain: an eager loop, do_bench, host time included), median")
+    meta["command"] = shlex.join(["python", "bench/attention_training_step.py", *sys.argv[1:]])
     out = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
-    paths = write_results(df, meta, out, stem, plot, notes=(
+    paths = write_results(df, meta, out, f"attention_training_step_{args.workload}", plot, notes=(
         "`speedup_vs_*` = that column's time / `fused_ms` (forward + backward)",))
     print("wrote " + ", ".join(map(str, paths)))
     return 1 if (df["check"] != "ok").any() else 0

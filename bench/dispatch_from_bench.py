@@ -78,7 +78,9 @@ def decisions(frame: pd.DataFrame, kernel: str) -> pd.DataFrame:
             alternatives = {a: float(row[f"{a}_ms"]) for a in present if pd.notna(row[f"{a}_ms"])}
             records.append(tuning.dispatch_decision(float(times[0]), float(times[1]), default, alternatives))
             skipped.append("")
-    return frame[["M", "K", "N", "dtype"]].assign(record=records, skipped=skipped)
+    dates = frame["measured_at"] if "measured_at" in frame.columns else None
+    return frame[["M", "K", "N", "dtype"]].assign(record=records, skipped=skipped, measured_at=dates,
+                                                  repeats=frame["repeats"] if "repeats" in frame.columns else 1)
 
 
 def _shown(path: Path) -> str:
@@ -128,14 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no {args.kernel} entries in {path}; GPU keys there: {known or 'none'} (--gpu)", file=sys.stderr)
         return 1
 
-    repeats = frame["repeats"].max() if "repeats" in frame.columns else float("nan")
-    repeats = int(repeats) if pd.notna(repeats) else 1
-    when = results.result_meta(args.csv).get("date", "")
-    source = f"{_shown(args.csv)} (CUDA-graph medians of {repeats} repeat(s){', ' + when if when else ''})"
-    measured_at = results.timestamp(when)
-
     recorded = 0
     for row in table.itertuples(index=False):
+        when = row.measured_at if isinstance(row.measured_at, str) else ""  # each row records its own run
+        repeats = int(row.repeats) if pd.notna(row.repeats) else 1
+        source = f"{_shown(args.csv)} (CUDA-graph medians of {repeats} repeat(s){', ' + when if when else ''})"
+        measured_at = results.timestamp(when)
         key = (int(row.M), int(row.K), int(row.N), str(row.dtype))
         entry = entries.get(key)
         if entry is None or row.record is None:

@@ -13,8 +13,7 @@ cannot tell 1.05 from 1.07, the runs together can), and says where the newest me
 older than the row's entry (re-tuned since: re-bench it) or missing.
 
 Which runs judge a row: the runs whose columns were taken in order and then reversed within each
-repeat (``column_order`` in the result's ``.json``; every benchmark since the twenty-first
-session) where the row has any, alone or beside a fused kernel alike: the place of a column in
+repeat (a row's ``order`` is "balanced"; every benchmark since 2026-12-04) where the row has any, alone or beside a fused kernel alike: the place of a column in
 the order moved the same GEMM by 1.00-1.09x cuBLAS on the H200, and the balanced order cancels
 it (``bench/variants/gemm_timing_context.py``). Where a row has only runs timed in one order,
 the runs beside a fused kernel judge it as before, and the runs of the GEMM by itself (which
@@ -56,14 +55,13 @@ COLUMNS = [*KEY, "kernel", "helion_gemm_vs_cublas", "helion_gemm_vs_cublas_sprea
 
 
 # the reports written beside the benchmarks' tables (not benchmarks themselves)
-REPORTS = ("gemm_ceiling", "tuning_report", "prenorm_stats_bound")
+REPORTS = ("gemm_ceiling", "tuning_report", "prenorm_stats_bound", "ceilings")
 
 
 def measurements(folder: Path) -> pd.DataFrame:
     """Every bf16 benchmark row of ``folder`` that timed the plain Helion GEMM beside cuBLAS:
-    the benchmarked kernel (the result's ``.json`` names it), the ratios, whether the columns
-    were timed in a balanced order (the ``.json``'s ``column_order``), the file and its date (NaT
-    where the file has no ``.json``)."""
+    the benchmarked kernel, the ratios, whether the columns were timed in a balanced order (the
+    row's ``order``), the table and the row's date."""
     frames = []
     for csv in sorted(folder.glob("*.csv")):
         if csv.stem in REPORTS:
@@ -72,13 +70,14 @@ def measurements(folder: Path) -> pd.DataFrame:
         if df.empty or not {"dtype", *KEY} <= set(df.columns):
             continue
         # the bench writes the kernel's own timing column first, before the baselines
-        kernel = df["kernel"].iloc[0] or next(c[:-3] for c in df.columns if c.endswith("_ms"))
+        kernel = df["kernel"].dropna().iloc[0] if df["kernel"].notna().any() else next(
+            c[:-3] for c in df.columns if c.endswith("_ms"))
         # the Helion GEMM's column: its twin beside a fused kernel, or the plain GEMM's own benchmark
         gemm_ms = "matmul_ms" if kernel == "matmul" else "helion_matmul_ms"
         if "helion_gemm_vs_cublas" not in df and not {gemm_ms, "cublas_mm_ms"} <= set(df.columns):
             continue
-        df = df[df["dtype"] == "bfloat16"].assign(kernel=kernel,
-                                                  balanced="column_order" in result_tables.result_meta(csv))
+        balanced = df["order"].eq("balanced") if "order" in df else False
+        df = df.assign(kernel=df["kernel"].fillna(kernel), balanced=balanced)[df["dtype"] == "bfloat16"]
         if "repeats" not in df:
             df["repeats"] = 1
         if "helion_gemm_vs_cublas" not in df:  # from before the bench wrote the ratio: the medians' ratio
@@ -116,8 +115,7 @@ def report(gpu: str, results: Path, configs: Path) -> pd.DataFrame:
     recent = timed[timed.measured_at.notna() & (since.isna() | (timed.measured_at >= since))]
     # Timed in one order, the GEMM's place decides its ratio: the plain GEMM's own benchmark
     # (it first, then cuBLAS) reads lower than a fused kernel's (cuBLAS after the GEMM and the
-    # fused kernel), by 0.03-0.08 at M = 262144 (bench/NOTES.md, nineteenth and twenty-first
-    # sessions). The runs in a balanced order judge a row where it has any; otherwise the runs
+    # fused kernel), by 0.03-0.08 at M = 262144 (bench/NOTES.md). The runs in a balanced order judge a row where it has any; otherwise the runs
     # beside a fused kernel, and the alone runs only where there are no others (extra alone runs
     # must not be able to turn a miss into a meet).
     in_balanced_order = recent.balanced.astype(bool)
@@ -239,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         f"- command: `python bench/gemm_ceiling.py --gpu {args.gpu}{paths}`"
         + ("" if paths else " (from the committed benchmarks and registry)"),
         "- helion_gemm_vs_cublas: the plain Helion `matmul`'s time over cuBLAS's in the newest benchmark that timed"
-        " the row (`file`, `measured_at`; a fused kernel's benchmark, which times the GEMM as its twin, or `matmul`'s"
+        " the row (`file`: its table, one per op and workload, holding each shape's newest run; `measured_at`; a fused kernel's benchmark, which times the GEMM as its twin, or `matmul`'s"
         " own; medians over `repeats`, spread = max - min over them; from the two times where a run predates the"
         " ratio columns); aim: 1.07 at K >= 512, 1.15 below",
         "- runs since the row's own `matmul` entry was tuned (all of them where it has none; each run's value is its"
@@ -249,11 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         " `runs_min`, `runs_max`), the runs of the fused kernels' benchmarks in one order; `alone_runs`"
         " (`alone_median`), the runs in one order of the GEMM by itself (`helion-kernels bench --kernel matmul`: it,"
         " then cuBLAS). Timed in one order, the place of a column moved the same GEMM by 1.00-1.09x cuBLAS at"
-        " M = 262144 (bench/NOTES.md, nineteenth and twenty-first sessions), so the groups are not mixed",
+        " M = 262144 (bench/NOTES.md), so the groups are not mixed",
         "- judged_by, judged: the group that judges the row and its median: balanced where the row has such runs,"
         " else beside fused, else alone. status: meets / misses the aim by `judged`; re-tuned since: the row's own"
         " `matmul` entry is newer than the measurement (re-bench it); not measured: no benchmark timed the Helion"
-        " GEMM there; date unknown: the result has no `.json`. matmul_entry: exact where the registry holds the row's own `matmul` entry,"
+        " GEMM there; date unknown: the row has no date. matmul_entry: exact where the registry holds the row's own `matmul` entry,"
         " nearest where the GEMM runs another shape's config (a re-tune of that neighbour is not seen here:"
         " the bench's `helion_matmul_config` column says which config a measurement ran)",
         "- `<kernel>_vs_helion_gemm`: that fused kernel's time over the plain Helion GEMM's in the newest benchmark"

@@ -33,11 +33,11 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from helion_kernels import fold_rmsnorm_weight, matmul_rmsnorm_matmul, registry, runtime, workloads
-from helion_kernels.benchmark import aim_bars, finish_plot, run_meta, workload_script_args, write_results
+from helion_kernels import fold_rmsnorm_weight, matmul_rmsnorm_matmul, registry, runtime
+from helion_kernels.benchmark import aim_bars, device_ceilings, finish_plot, run_meta, workload_script_args, write_results
 from helion_kernels.techniques.deferred.kernels import SPEC, matmul_rmsnorm_matmul_reference
 from helion_kernels.bench_specs import liger_module as _liger
-from helion_kernels.timing import input_copies, measure_ceilings, time_ms
+from helion_kernels.timing import input_copies, time_ms
 from helion_kernels.verify import check_outputs
 
 EPS = 1e-5
@@ -113,24 +113,20 @@ def plot(df: pd.DataFrame, meta: dict, path) -> None:
     finish_plot(fig, axes, path)
 
 
-def results_stem(workload: str, where: str | None) -> str:
-    """The results' file name: the table's, and the ``--where`` clause's suffix on a partial run."""
-    return f"matmul_rmsnorm_matmul_{workload}{workloads.where_suffix(where)}"
-
-
 def main() -> int:
     args, table = workload_script_args(__doc__.splitlines()[0])
     device = torch.device("cuda")
-    ceilings = measure_ceilings(device)
+    ceilings = device_ceilings(device)
     rows = []
     for r in table.itertuples():
         rows.append(bench_row(int(r.M), int(r.K), int(r.N), torch.bfloat16, device))
         print(rows[-1], flush=True)
-    meta = run_meta(device, ceilings, inputs="bf16, RMSNorm weight ~ 1 folded into c, eps 1e-5, N2 = K",
+    meta = run_meta(device, ceilings, timer="graph", repeats=1, order="one order",
+                    inputs="bf16, RMSNorm weight ~ 1 folded into c, eps 1e-5, N2 = K",
                     baselines="cuBLAS GEMM, inductor (torch.compile) or Liger RMSNorm, cuBLAS GEMM")
     meta["command"] = shlex.join(["python", "bench/postnorm_deferred.py", *sys.argv[1:]])  # quoted: re-runnable
     out_dir = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
-    paths = write_results(pd.DataFrame(rows), meta, out_dir, results_stem(args.workload, args.where), plot,
+    paths = write_results(pd.DataFrame(rows), meta, out_dir, f"matmul_rmsnorm_matmul_{args.workload}", plot,
                           notes=("`saved_vs_inductor_pct`: (t_cublas+inductor_norm+cublas - t_deferred) / "
                                  "t_inductor_norm; 100% = the norm is free",))
     print("wrote " + ", ".join(str(x) for x in paths))

@@ -48,14 +48,14 @@ import pandas as pd
 import torch
 
 from helion_kernels.bench_specs import bench_spec
-from helion_kernels import registry, tuning, workloads
-from helion_kernels.benchmark import (BALANCED_ORDER, aim_bars, finish_plot, row_labels, run_meta, time_columns,
+from helion_kernels import registry, tuning
+from helion_kernels.benchmark import (aim_bars, device_ceilings, finish_plot, row_labels, run_meta, time_columns,
                                       workload_script_args, write_results)
 from helion_kernels.cli import positive_int
 from helion_kernels.techniques import get_spec
 from helion_kernels.techniques import postnorm
 from helion_kernels.spec import Shape
-from helion_kernels.timing import input_copies, measure_ceilings
+from helion_kernels.timing import input_copies
 from helion_kernels.verify import VerificationError, check_outputs
 
 KERNELS = {"matmul_layernorm": postnorm._layernorm_eager, "matmul_rmsnorm": postnorm._rmsnorm_eager}
@@ -151,7 +151,7 @@ def main() -> int:
 
     args, table = workload_script_args(__doc__.splitlines()[0], add, default_workload="postnorm_fullrow")
     device = torch.device("cuda")
-    ceilings = measure_ceilings(device)
+    ceilings = device_ceilings(device)
     limit = get_spec(args.kernel).n_limit(torch.bfloat16, device)
     rows = []
     for r in table.itertuples():
@@ -165,14 +165,12 @@ def main() -> int:
             rows.append({**shape._asdict(), "dtype": "bfloat16", "check": f"FAILED: {type(err).__name__}: {err}"[:200]})
         print({k: rows[-1].get(k) for k in ("M", "K", "N", "speedup_vs_best_unfused", "forward_speedup", "check")},
               flush=True)
-    meta = run_meta(device, ceilings, kernel=args.kernel,
+    meta = run_meta(device, ceilings, timer="graph", repeats=args.repeats, kernel=args.kernel,
                     inputs="bf16, affine norm (LayerNorm weight and bias, RMSNorm weight), eps 1e-5",
-                    baselines="cuBLAS GEMM writing h, then the inductor-compiled norm with its statistics",
-                    column_order=BALANCED_ORDER)
+                    baselines="cuBLAS GEMM writing h, then the inductor-compiled norm with its statistics")
     meta["command"] = shlex.join(["python", "bench/postnorm_training_forward.py", *sys.argv[1:]])  # quoted: re-runnable
-    meta["timing"] += f"; every column timed in {args.repeats} repeats; the medians reported"
     out_dir = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
-    stem = f"{args.kernel}_training_forward_{args.workload}{workloads.where_suffix(args.where)}"
+    stem = f"{args.kernel}_training_forward_{args.workload}"
     paths = write_results(pd.DataFrame(rows), meta, out_dir, stem, plot, notes=NOTES)
     print("wrote " + ", ".join(str(x) for x in paths))
     return 0

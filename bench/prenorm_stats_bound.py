@@ -13,21 +13,21 @@ statistics loop and the GEMM loop), it saves at most
 
 of the norm's time against cuBLAS + inductor norm (the issue's measure), even with a free
 scaling epilogue: ``bound_two_reads_pct`` with the measured plain Helion GEMM as ``t_gemm``,
-``bound_two_reads_cublas_pct`` with a GEMM as fast as cuBLAS. ``t_stats`` is taken at the HBM
-peak (``--hbm-tbps``, 4.8 TB/s for the H200), faster than any read here measured, so the bounds
-are generous. The shipped row-block kernel (each program sums its rows' squares, then runs their
+``bound_two_reads_cublas_pct`` with a GEMM as fast as cuBLAS. ``t_stats`` is taken at the GPU's
+copy ceiling (``bench/results/<gpu>/ceilings.csv``, the rate every floor uses; ``--hbm-tbps``
+overrides), the rate the compiled norm reaches, so the bounds are generous. The shipped row-block kernel (each program sums its rows' squares, then runs their
 N tiles from L2) is not bound by it, since one SM's statistics loop can overlap other SMs' MMA,
-but it measured about that cost (``bench/NOTES.md``, twenty-first session); nor is a kernel
+but it measured about that cost (``bench/NOTES.md``); nor is a kernel
 whose statistics programs run beside GEMM programs that wait on per-row-block flags, which has
 not been built. The in-loop forms sum the squares inside a GEMM k-loop (every N tile's, or the
-first N tile's only); ``bench/variants/pre_norm_variants.py`` measured their extra time over the
+first N tile's only); a variants run (``variants/pre_norm_variants*.md``) measured their extra time over the
 plain GEMM with the same tiling (``in_loop_extra_ms``, at the form and tiling where it ran fastest
 with bit-identical reruns at every shape it was run at) where they ran. Beside them: the measured savings of the own-statistics kernel (``own_stats_saved_pct``)
 and of the kernel given the producer's ``rstd`` (``given_rstd_saved_pct``,
 ``rmsnorm_matmul_given_rstd``: a GEMM or residual-add epilogue upstream emits the sums of
 squares), each from the newest benchmark of the row.
 
-    python bench/prenorm_stats_bound.py [--gpu nvidia_h200_sm90] [--where 'K >= 1024'] [--hbm-tbps 4.8]
+    python bench/prenorm_stats_bound.py [--gpu nvidia_h200_sm90] [--where 'K >= 1024'] [--hbm-tbps R]
 
 Writes ``bench/results/<gpu>/prenorm_stats_bound.{csv,md,png}``.
 """
@@ -45,7 +45,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from helion_kernels import registry  # noqa: E402
 from helion_kernels import results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,15 +54,16 @@ BYTES = 2  # bf16
 
 
 def newest(folder: Path, kernel: str) -> pd.DataFrame:
-    """Per (M, K, N), the bf16 row of the newest dated benchmark of ``kernel`` in ``folder``
-    (``<kernel>_prenorm_rmsnorm*.csv``), with its file name."""
-    rows = results.result_rows(sorted(folder.glob(f"{kernel}_prenorm_rmsnorm*.csv")))
-    # another kernel whose name starts with this one's, or an undated file, is left out
-    rows = rows[rows.kernel.fillna(kernel).eq(kernel) & rows.measured_at.notna()]
+    """Per (M, K, N), the bf16 row of ``kernel``'s table of the ``prenorm_rmsnorm`` workload in
+    ``folder`` (its newest run of the shape), with the table's file name."""
+    path = folder / f"{kernel}_prenorm_rmsnorm.csv"
+    if not path.is_file():
+        return pd.DataFrame()
+    rows = results.result_rows([path])
     return results.newest_rows(rows[rows["dtype"] == "bfloat16"] if len(rows) else rows, KEY)
 
 
-IN_LOOP_VARIANTS = ("in_loop", "first_tile")  # pre_norm_variants.py's forms that sum squares in a GEMM k-loop
+IN_LOOP_VARIANTS = ("in_loop", "first_tile")  # the pre-norm variants' forms that sum squares in a GEMM k-loop
 
 
 def in_loop_extra(variants_dir: Path) -> pd.DataFrame:
@@ -145,15 +145,21 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--gpu", default="nvidia_h200_sm90", help="registry GPU key (default %(default)s)")
     p.add_argument("--where", default="K >= 1024", help="pandas query on M, K, N (default %(default)r)")
-    p.add_argument("--hbm-tbps", type=float, default=4.8,
-                   help="peak HBM bandwidth in TB/s for the statistics' read floor (default 4.8, the H200's)")
+    p.add_argument("--hbm-tbps", type=float, default=None,
+                   help="read rate in TB/s for the statistics' floor (default: the GPU's copy ceiling, ceilings.csv)")
     p.add_argument("--results", type=Path, default=ROOT / "bench" / "results",
                    help="results root, the folder above the GPU folders (default: the checkout's bench/results)")
     p.add_argument("--out", type=Path, default=None, help="folder (default bench/results/<gpu>/)")
     args = p.parse_args(argv)
+    folder = args.results / args.gpu
+    ceilings = results.read_ceilings(folder)
+    default_tbps = ceilings.bandwidth_gbps / 1e3 if ceilings is not None else None
+    if args.hbm_tbps is None:
+        if default_tbps is None:
+            p.error(f"{folder} has no ceilings.csv: pass --hbm-tbps")
+        args.hbm_tbps = default_tbps
     if not (math.isfinite(args.hbm_tbps) and args.hbm_tbps > 0):
         p.error("--hbm-tbps must be a positive, finite number")
-    folder = args.results / args.gpu
     try:
         df = report(folder, args.where, args.hbm_tbps)
     except results.ResultTableError as err:  # a ValueError too: not the --where's fault
@@ -171,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python bench/prenorm_stats_bound.py" + "".join(
         f" {flag} {value!r}" if flag == "--where" else f" {flag} {value}"
         for flag, value, default in (("--gpu", args.gpu, "nvidia_h200_sm90"), ("--where", args.where, "K >= 1024"),
-                                     ("--hbm-tbps", args.hbm_tbps, 4.8), ("--results", args.results, None))
+                                     ("--hbm-tbps", args.hbm_tbps, default_tbps), ("--results", args.results, None))
         if value != default and not (flag == "--results" and committed))
     meets = df[df.two_reads_can_meet_aim]
     (out / "prenorm_stats_bound.md").write_text("\n".join([
@@ -179,13 +185,14 @@ def main(argv: list[str] | None = None) -> int:
         f"- command: `{command}`" + (" (from the committed benchmarks)" if committed else ""),
         "- norm_ms, cublas_ms, helion_gemm_ms: the inductor norm, cuBLAS and the plain Helion GEMM in the newest"
         " `rmsnorm_matmul` benchmark of the row (`own_stats_file`); stats_floor_ms: reading `a` (M x K bf16) once"
-        f" at {args.hbm_tbps:g} TB/s, the HBM peak; stats_floor_over_norm: that over the norm's time",
+        f" at {args.hbm_tbps:g} TB/s" + (" (the GPU's copy ceiling, `ceilings.md`)" if args.hbm_tbps == default_tbps
+        else "") + "; stats_floor_over_norm: that over the norm's time",
         "- bound_two_reads_pct: (cublas + norm - helion_gemm - stats_floor) / norm, the most a kernel can save"
         " against cuBLAS + inductor norm, with a free scaling epilogue, when it reads `a` for its statistics with"
         " the whole GPU and no MMA running (a pre-pass kernel, or a grid-wide barrier between a statistics loop and"
         " the GEMM loop); bound_two_reads_cublas_pct: the same with a GEMM as fast as cuBLAS. The shipped row-block"
         " kernel, whose statistics loop on one SM can overlap MMA on others, is not bound by it but measured about"
-        " that cost (bench/NOTES.md, twenty-first session)",
+        " that cost (bench/NOTES.md)",
         "- in_loop_extra_ms: the in-loop forms (the sum of squares in a GEMM k-loop: `in_loop`, every N tile from a"
         " second load of the `a` tile; `first_tile`, the first N tile only, from a masked load of its own) over the"
         " plain GEMM at the same tiling in the same run, at the form and tiling (`in_loop_variant`, `in_loop_tiling`)"

@@ -1,10 +1,10 @@
-"""Write ``bench/results/README.md`` and the README's headline block from the committed CSVs.
+"""Write ``bench/results/README.md`` and the README's headline block from the committed tables.
 
-No result number is copied by hand: every table and range in ``bench/results/README.md``,
-and the per-technique headlines between the ``<!-- results:begin -->`` and
-``<!-- results:end -->`` markers of the top-level ``README.md``, are computed here from the
-CSV files under ``bench/results/<gpu>/`` (the provenance lines come from each file's
-``.md``). Run it after committing new results:
+No result number is copied by hand: every range in ``bench/results/README.md`` and in the
+headlines between the ``<!-- results:begin -->`` and ``<!-- results:end -->`` markers of the
+top-level ``README.md`` is computed here from the tables under ``bench/results/<gpu>/`` (one
+per op and workload; each row records its own run). Each headline names its table, the
+baseline as it ran, the timer, the runs per row and the dates, all read from the rows.
 
     python bench/results_readme.py          # rewrite both
     python bench/results_readme.py --check  # exit 1 if either is out of date (a test runs this)
@@ -14,115 +14,119 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import shlex
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-from helion_kernels import registry
-from helion_kernels import results as result_tables
+from helion_kernels import results
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-
-# Columns a results table does not show (inputs of the row, or what other columns say better).
-HIDDEN = {"dtype", "helion_matmul_config", "byte_floor_ms", "flop_floor_ms", "batch", "D", "seq_len_kv",
-          "fill", "seed"}
+TIMER_WORDS = {"graph": "CUDA-graph replay (GPU time)", "plain": "eager loop (host time included)"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Headline:
-    """One technique's line: ``text`` with ``{name}`` fields filled by ``ranges`` (name ->
-    a column, or a pandas ``eval`` expression of columns, or (either, a row filter)), each
-    rendered as min-max over the rows of the csv ``stems`` and of their re-runs (:func:`with_reruns`)."""
+    """One line of the README: ``text`` with ``{name}`` fields filled by ``ranges`` (name -> a
+    column, a pandas ``eval`` expression, or (either, a row query)), each the min-max over the
+    rows of ``tables`` selected by ``where``; ``baseline``: what the compared pipeline ran;
+    ``caveat``: what the rows do not say (a soft baseline, a stale table)."""
 
     technique: str
-    stems: tuple[str, ...]
+    tables: tuple[str, ...]
     text: str
     ranges: dict
+    baseline: str
+    where: str | None = None
+    caveat: str | None = None
 
 
+PRE = "cuBLAS + the faster standalone RMSNorm of the inductor-compiled and Liger's, per row"
+POST = "cuBLAS + the faster standalone norm of the inductor-compiled and Liger's, per row"
 HEADLINES = [
     Headline(
-        "Deferred pre-norm (`rmsnorm_matmul`)",
-        ("rmsnorm_matmul_prenorm_rmsnorm_M_65536", "rmsnorm_matmul_prenorm_rmsnorm_M_131072",
-         "rmsnorm_matmul_prenorm_rmsnorm_M_524288"),
-        "as dispatched (fused or cuBLAS + inductor norm, per the registry), {dispatched}x the speed of the best "
-        "unfused pipeline; the fused kernel: {speedup}x the speed of cuBLAS + the best standalone norm "
-        "(inductor or Liger), {saved}% of the inductor norm's time saved against cuBLAS + inductor, "
-        "{vs_cublas}x cuBLAS's plain GEMM time; the plain Helion GEMM at {gemm}x cuBLAS (medians of repeated "
-        "runs; {rows} rows, M = 65536, 131072 and 524288)",
+        "Deferred pre-norm (`rmsnorm_matmul`)", ("rmsnorm_matmul_prenorm_rmsnorm",),
+        "as the op runs it ({dispatch}): {dispatched}x the speed of the best unfused pipeline; the fused kernel "
+        "alone: {speedup}x, {saved}% of the inductor norm's time saved against cuBLAS + inductor norm, "
+        "{floor}x its byte/FLOP floor; the plain Helion GEMM at {gemm}x cuBLAS's time",
         {"dispatched": "dispatched_speedup_vs_best_unfused", "speedup": "speedup_vs_best_unfused",
-         "saved": "saved_vs_cublas_inductor_pct", "vs_cublas": "vs_cublas_mm", "gemm": "helion_gemm_vs_cublas"}),
+         "saved": "saved_vs_cublas_inductor_pct", "floor": "fused_over_floor", "gemm": "helion_gemm_vs_cublas"},
+        PRE),
+    Headline(
+        "Pre-norm with the statistics given (`rmsnorm_matmul(..., rstd=)`)", ("rmsnorm_matmul_given_rstd_prenorm_rmsnorm",),
+        "the fused kernel at {twin}x the time of the same Helion GEMM alone, {speedup}x the speed of the best "
+        "unfused pipeline, {saved}% of the inductor norm's time saved against cuBLAS + inductor norm",
+        {"twin": "fused_vs_helion_gemm", "speedup": "speedup_vs_best_unfused", "saved": "saved_vs_cublas_inductor_pct"},
+        "cuBLAS + the faster of the compiled RMSNorm, Liger's, and a compiled scaling by the given rstd"),
     Headline(
         "Full-row post-norm (`matmul_layernorm`, `matmul_rmsnorm`)",
-        ("matmul_layernorm_postnorm_fullrow_M_65536", "matmul_layernorm_postnorm_fullrow_M_262144",
-         "matmul_rmsnorm_postnorm_fullrow_M_65536", "matmul_rmsnorm_postnorm_fullrow_M_262144"),
-        "as dispatched (fused or cuBLAS + inductor norm, per the registry), {dispatched}x the speed of the best "
-        "unfused pipeline; the fused kernel at N <= 128: {small}x, {saved_small}% of the inductor norm's time "
-        "saved ({rows} rows, both norms, M = 65536 and 262144)",
+        ("matmul_layernorm_postnorm_fullrow", "matmul_rmsnorm_postnorm_fullrow"),
+        "as the op runs it ({dispatch}): {dispatched}x the speed of the best unfused pipeline; the fused kernel "
+        "at N <= 128: {small}x, {saved_small}% of the inductor norm's time saved",
         {"dispatched": "dispatched_speedup_vs_best_unfused", "small": ("speedup_vs_best_unfused", "N <= 128"),
-         "saved_small": ("saved_vs_cublas_inductor_pct", "N <= 128")}),
+         "saved_small": ("saved_vs_cublas_inductor_pct", "N <= 128")},
+        POST),
     Headline(
-        "Full-row post-norm in training (the forward also writes the norm's input for the backward)",
+        "Full-row post-norm in training (the forward also writes the norm's input)",
         ("matmul_layernorm_training_forward_postnorm_fullrow", "matmul_rmsnorm_training_forward_postnorm_fullrow"),
-        "the fused kernel at {training}x the speed of cuBLAS + inductor norm writing the same (below 1: slower), "
-        "{saved}% of the inductor norm's time saved; the same runs without that write (inference): {forward}x "
-        "({rows} rows, both norms, M = 65536 and 262144). When autograd records a call, the op follows this "
-        "training decision",
-        {"training": "speedup_vs_best_unfused", "saved": "saved_vs_cublas_inductor_pct",
-         "forward": "forward_speedup"}),
+        "the fused kernel at {training}x the speed of the unfused forward writing the same (below 1: slower), "
+        "{saved}% of the inductor norm's time saved; without that write: {forward}x. An autograd-recorded call "
+        "follows this training decision ({decision})",
+        {"training": "speedup_vs_best_unfused", "saved": "saved_vs_cublas_inductor_pct", "forward": "forward_speedup"},
+        "cuBLAS writing the GEMM output, then the inductor-compiled norm with its statistics"),
     Headline(
         "Split-N post-norm, row sweep (`matmul_layernorm_split_n`, `matmul_rmsnorm_split_n`)",
         ("matmul_layernorm_split_n_postnorm_split_n", "matmul_rmsnorm_split_n_postnorm_split_n"),
-        "as dispatched (fused, or cuBLAS + the compiled or Liger norm, per the registry as it stood when "
-        "measured), {dispatched}x the speed of the best unfused pipeline; the fused kernel: {speedup}x the "
-        "speed of cuBLAS + the best standalone norm (below 1: slower; {rows} rows, both norms, M = 262144, "
-        "N up to 4096)",
-        {"dispatched": "dispatched_speedup_vs_best_unfused", "speedup": "speedup_vs_best_unfused"}),
+        "as the op runs it ({dispatch}): {dispatched}x the speed of the best unfused pipeline; the fused kernel "
+        "alone: {speedup}x (below 1: slower)",
+        {"dispatched": "dispatched_speedup_vs_best_unfused", "speedup": "speedup_vs_best_unfused"},
+        POST),
     Headline(
         "Norm deferred into the next GEMM (`matmul_rmsnorm_matmul`)", ("matmul_rmsnorm_matmul_postnorm_split_n",),
-        "as dispatched (the two kernels or cuBLAS -> compiled RMSNorm -> cuBLAS, per the registry), "
-        "{dispatched}x the speed of cuBLAS -> best standalone RMSNorm (inductor or Liger) -> cuBLAS; the two "
-        "kernels: {speedup}x, {saved}% of the inductor norm's time saved ({rows} rows, M = 262144)",
+        "as the op runs it ({dispatch}): {dispatched}x the speed of the best unfused pipeline; the two kernels: "
+        "{speedup}x, {saved}% of the inductor norm's time saved",
         {"dispatched": "dispatched_speedup_vs_best_unfused", "speedup": "speedup_vs_best_unfused",
-         "saved": "saved_vs_inductor_pct"}),
+         "saved": "saved_vs_inductor_pct"},
+        "cuBLAS -> the faster standalone RMSNorm (inductor-compiled or Liger's) -> cuBLAS"),
     Headline(
-        "FlashNormAttention (`flash_norm_attention`)", ("flash_norm_attention_flash_norm_attention",),
-        "{compiled}x the speed of the unfused block under torch.compile, {gdpa}x that of this package's "
-        "`gdpa` between eager norms ({rows} rows: batch 768, H 2-8, D 128, max Q 256-3000, KV 128)",
-        {"compiled": "speedup_vs_compiled", "gdpa": "speedup_vs_gdpa+eager_norms"}),
-    Headline(
-        "FlashNormAttention forward + backward (`flash_norm_attention`, `FlashNormAttention`), eager loop",
-        ("attention_training_step_flash_norm_attention",),
+        "FlashNormAttention forward (`flash_norm_attention`)", ("flash_norm_attention_flash_norm_attention",),
         "{compiled}x the speed of the unfused block under torch.compile, {gdpa}x that of this package's `gdpa` "
-        "(with its backward) between eager norms (below 1: slower; plain do_bench, host overhead included; "
-        "{rows} rows, as above)",
-        {"compiled": "speedup_vs_compiled", "gdpa": "speedup_vs_gdpa+eager_norms"}),
+        "between eager norms; {floor}x its byte/FLOP floor",
+        {"compiled": "speedup_vs_compiled", "gdpa": "speedup_vs_gdpa+eager_norms", "floor": "fused_over_floor"},
+        "the unfused block (norms on the jagged rows, attention on zero-padded copies) compiled with "
+        "torch.compile(dynamic=True); `gdpa` with one untuned config between eager norms",
+        caveat="soft baselines: the compiled block pads the jagged rows, and runs 1.2-1.7x slower than the same "
+               "block eager in the forward + backward table; `gdpa` runs one untuned config"),
     Headline(
-        "FlashNormAttention forward + backward, CUDA-graph replay (GPU time alone)",
-        ("attention_training_step_flash_norm_attention_graph",),
-        "{compiled}x the speed of the unfused block under torch.compile, {gdpa}x that of `gdpa` between eager "
-        "norms ({rows} rows)",
-        {"compiled": "speedup_vs_compiled", "gdpa": "speedup_vs_gdpa+eager_norms"}),
+        "FlashNormAttention forward + backward (`FlashNormAttention`)", ("attention_training_step_flash_norm_attention",),
+        "{compiled}x the speed of the unfused block under torch.compile, {eager}x the same block eager, "
+        "{gdpa}x `gdpa` (with its backward) between eager norms (below 1: slower)",
+        {"compiled": "speedup_vs_compiled", "eager": "unfused_eager_ms / fused_ms", "gdpa": "speedup_vs_gdpa+eager_norms"},
+        "as above (soft: padded, one untuned `gdpa` config)", where="timer == 'graph'"),
     Headline(
-        "Training step, forward + backward (`RMSNormLinear`, `LinearLayerNorm`, `LinearRMSNorm`), eager loop",
+        "FlashNormAttention forward + backward, eager loop", ("attention_training_step_flash_norm_attention",),
+        "{compiled}x the speed of the unfused block under torch.compile, {gdpa}x `gdpa` between eager norms",
+        {"compiled": "speedup_vs_compiled", "gdpa": "speedup_vs_gdpa+eager_norms"},
+        "as above", where="timer == 'plain'",
+        caveat="measured before the per-call host cost was cut; stale until re-run"),
+    Headline(
+        "Training step, forward + backward (`RMSNormLinear`, `LinearLayerNorm`, `LinearRMSNorm`)",
         ("training_step_training",),
-        "{speedup}x the speed of torch.compile of the PyTorch pair (below 1: slower; the best of the module "
-        "eager and compiled; plain do_bench, host overhead included), {share}% of the norm's cost removed; peak "
-        "memory {memory} MiB against the compiled pair's {compiled_memory} MiB ({rows} rows of the training table)",
-        {"speedup": "speedup_vs_compiled", "share": "norm_share_removed_pct", "memory": "fused_peak_mib",
-         "compiled_memory": "compiled_peak_mib"}),
+        "{speedup}x the speed of torch.compile of the PyTorch pair (the better of the module eager and compiled), "
+        "{share}% of the norm's cost removed; the module's forward ran {paths}: where it ran cuBLAS + the "
+        "inductor norm, the gain is not fusion",
+        {"speedup": "speedup_vs_compiled", "share": "norm_share_removed_pct"},
+        "torch.compile (default mode) of the PyTorch norm + nn.Linear pair", where="timer == 'graph'"),
     Headline(
-        "Training step, CUDA-graph replay (GPU time alone)",
-        ("training_step_training_graph",),
-        "{speedup}x the speed of torch.compile of the PyTorch pair, every column replayed as a CUDA graph; "
-        "{share}% of the norm's cost removed; the module's peak memory under torch.compile {memory}x the "
-        "compiled pair's, eager {eager_memory}x ({rows} rows)",
-        {"speedup": "speedup_vs_compiled", "share": "norm_share_removed_pct",
-         "memory": "fused_compiled_peak_mib / compiled_peak_mib", "eager_memory": "fused_peak_mib / compiled_peak_mib"}),
+        "Training step, eager loop", ("training_step_training",),
+        "{speedup}x the speed of torch.compile of the PyTorch pair (below 1: slower); the module's forward ran "
+        "{paths}",
+        {"speedup": "speedup_vs_compiled"},
+        "as above", where="timer == 'plain'",
+        caveat="stale: measured 2026-12-01, when the modules ran the fused kernel at rows that now dispatch "
+               "unfused and each call cost more host time; re-run with `python bench/training_step.py`"),
 ]
 
 
@@ -131,162 +135,129 @@ def _fmt(value: float) -> str:
 
 
 def _range(values: pd.Series) -> str:
+    values = values.dropna()
+    if values.empty:
+        return "-"
     lo, hi = values.min(), values.max()
     return _fmt(lo) if _fmt(lo) == _fmt(hi) else f"{_fmt(lo)} to {_fmt(hi)}"
 
 
-def _command_key(csv: Path) -> tuple | None:
-    """A result's command (its :func:`result_tables.result_meta`) without its ``--where`` and
-    ``--repeats`` (what a re-run of some of its rows changes): the words before the first option,
-    and the other options with their values in sorted order; None where the result records no
-    command. A ``--where`` value runs to the next ``--`` option, so a command written unquoted
-    (``" ".join(sys.argv)``) reads the same."""
-    try:
-        command = result_tables.result_meta(csv).get("command")
-    except (OSError, ValueError):
-        return None
-    if not isinstance(command, str) or not command.strip():
-        return None
-    try:
-        words = shlex.split(command)
-    except ValueError:  # e.g. a where clause written as a Python repr with escaped quotes
-        words = command.split()
-    head: list[str] = []
-    options: list[list[str]] = []
-    for word in words:
-        if word.startswith("--"):
-            options.append(word.split("=", 1))
-        elif options:
-            options[-1].append(word)
-        else:
-            head.append(word)
-    kept = sorted(tuple(option) for option in options if option[0] not in ("--where", "--repeats"))
-    return (tuple(head), tuple(kept))
+def _counts(values: pd.Series) -> str:
+    """``"fused at 14 rows, unfused (cuBLAS + inductor norm) at 16"``: the values and their counts."""
+    counts = values.fillna("not recorded").value_counts()
+    return ", ".join(f"{v} at {n} row{'s' if n > 1 else ''}" for v, n in counts.items())
 
 
-def with_reruns(gpu: str, stems: tuple[str, ...]) -> tuple[str, ...]:
-    """``stems`` and, after them, their re-runs: the other files of the folder whose command is
-    one of the stems' but for ``--where`` and ``--repeats`` (whatever their names: a re-run over
-    rows of two stems, e.g. both M of a table, is named after its own ``--where``), so a
-    benchmark re-run on some rows (after a re-tune, or in another column order) counts in the
-    headline without being listed by hand; another timer or kernel is another command."""
-    folder = RESULTS / gpu
-    keys = {key for stem in stems if (key := _command_key(folder / f"{stem}.csv")) is not None}
-    found = [csv.stem for csv in sorted(folder.glob("*.csv"))
-             if csv.stem not in stems and _command_key(csv) in keys]
-    return (*stems, *found)
-
-
-def _rows(gpu: str, stems: tuple[str, ...]) -> pd.DataFrame:
-    """The result files' rows; where several files timed one kernel at one shape (a re-run of
-    some rows after a re-tune), only the newest file's row (the ``.json`` dates). A file whose
-    ``.json`` names no kernel (the training steps: their rows are told apart by ``layer``) counts
-    as a re-run of the first file's."""
-    df = result_tables.result_rows(RESULTS / gpu / f"{stem}.csv" for stem in stems)
-    first = df.loc[df["file"] == f"{stems[0]}.csv", "kernel"].dropna()
-    df["kernel"] = df["kernel"].fillna(first.iloc[0] if len(first) else stems[0])
-    if {"M", "K", "N"} <= set(df.columns):  # GEMM rows: one per kernel, layer, shape and dtype
-        df = result_tables.newest_rows(df, ["kernel", *(c for c in ("layer", "M", "K", "N", "dtype") if c in df.columns)])
-    return df.drop(columns=["kernel", "file", "measured_at"])
+def _rows(gpu: str, h: Headline) -> pd.DataFrame:
+    df = pd.concat([pd.read_csv(RESULTS / gpu / f"{t}.csv") for t in h.tables], ignore_index=True)
+    return df.query(h.where) if h.where else df
 
 
 def headline(h: Headline, gpu: str) -> str:
-    stems = with_reruns(gpu, h.stems)
-    df = _rows(gpu, stems)
-    fields = {"rows": len(df)}
+    df = _rows(gpu, h)
+    fields = {}
     for name, spec in h.ranges.items():
         column, query = spec if isinstance(spec, tuple) else (spec, None)
         rows = df.query(query) if query else df
         fields[name] = _range(rows[column] if column in rows.columns else rows.eval(column))
-    files = ", ".join(f"`{gpu}/{stem}.md`" for stem in stems)
-    return f"- **{h.technique}**: {h.text.format(**fields)}. Files: {files}."
+    for name, column in (("dispatch", "dispatch"), ("paths", "forward_path"), ("decision", "training_decision")):
+        if "{" + name + "}" in h.text:
+            fields[name] = _counts(df[column]) if column in df.columns else "not recorded"
+    tables = ", ".join(f"`{gpu}/{t}.md`" for t in h.tables) + (f" (rows where {h.where})" if h.where else "")
+    timers = ", ".join(TIMER_WORDS.get(t, str(t)) for t in sorted(set(df["timer"])))
+    runs = "-".join(sorted({str(int(df["repeats"].min())), str(int(df["repeats"].max()))}, key=int))
+    orders = ", ".join(sorted(set(df["order"])))
+    dates = sorted(str(d)[:10] for d in df["measured_at"])
+    when = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+    caveat = f" **Caveat:** {h.caveat}." if h.caveat else ""
+    return (f"- **{h.technique}**: {h.text.format(**fields)} ({len(df)} rows). Baseline as run: {h.baseline}. "
+            f"Timer: {timers}, median; runs per row: {runs} (column order: {orders}); measured {when}. "
+            f"Table: {tables}.{caveat}")
 
 
-def _provenance(md: Path) -> list[str]:
-    """The ``- `` lines of a result file's header (command, date, versions, timing, ...)."""
-    if not md.is_file():
+def ceiling_line(gpu: str) -> list[str]:
+    found = results.read_ceilings(RESULTS / gpu)
+    if found is None:
         return []
-    lines = []
-    for line in md.read_text().splitlines()[1:]:
-        if line.startswith("|"):
-            break
-        if line.startswith("- "):
-            lines.append(line)
-    return lines
+    ref = "reference" in set(pd.read_csv(RESULTS / gpu / "ceilings.csv")["method"])
+    return [f"Floors at one copy ceiling of {found.bandwidth_gbps:.0f} GB/s (read + write) and a bf16 GEMM ceiling "
+            f"of {found.bf16_tflops:.0f} TFLOP/s" + (" (reference values from an earlier measurement, not yet "
+                                                    "re-measured on this card)" if ref else "")
+            + f": `{gpu}/ceilings.md`.", ""]
 
 
-def _table(csv: Path) -> str:
+COMPACT = ("layer", "timer", "M", "K", "N", "N2", "H", "max_seq_len_q", "dtype")
+SHOWN = ("speedup_vs_best_unfused", "speedup_vs_compiled", "speedup_vs_gdpa+eager_norms", "saved_vs_cublas_inductor_pct",
+         "saved_vs_inductor_pct", "dispatch", "dispatched_speedup_vs_best_unfused", "forward_path",
+         "norm_share_removed_pct", "fused_over_floor", "check", "repeats")
+
+
+def _compact(csv: Path) -> str:
+    """A table's key columns, its kernel's time and the columns a reader compares, one line a row."""
     df = pd.read_csv(csv)
-    shown = df[[c for c in df.columns if c not in HIDDEN]].copy()
+    kernel = df["kernel"].iloc[0] if "kernel" in df.columns else None
+    fused = f"{kernel}_ms" if f"{kernel}_ms" in df.columns else next(
+        (c for c in ("fused_ms", "deferred_ms") if c in df.columns), None)
+    cols = [c for c in COMPACT if c in df.columns and df[c].nunique() > 1 or c in ("M", "K", "N", "H", "max_seq_len_q")
+            and c in df.columns] + ([fused] if fused else []) + [c for c in SHOWN if c in df.columns]
+    shown = df[cols].copy()
+    shown.insert(len(shown.columns), "measured", df["measured_at"].str[:10])
     for col in shown.select_dtypes("float").columns:
         shown[col] = shown[col].map(lambda v: "" if pd.isna(v) else f"{v:.4g}")
-    # Long failure messages would swamp the table.
-    shown = shown.map(lambda v: v[:57] + "..." if isinstance(v, str) and len(v) > 60 else v)
+    shown = shown.map(lambda v: v[:37] + "..." if isinstance(v, str) and len(v) > 40 else v)
     return shown.to_markdown(index=False)
 
 
-def _fused_ms(df: pd.DataFrame) -> str | None:
-    """The fused op's latency column: the first ``*_ms`` column of a result file."""
-    return next((c for c in df.columns if c.endswith("_ms")), None)
-
-
-def _against_committed(check: Path, gpu_dir: Path) -> str:
-    """A spot check's fused latency next to the committed full-table run of the same rows."""
-    full = [p for p in gpu_dir.glob("*.csv") if check.stem.startswith(p.stem + "_")]
-    if not full:
-        return ""
-    source = max(full, key=lambda p: len(p.stem))
-    now, then = pd.read_csv(check), pd.read_csv(source)
-    keys = [c for c in ("M", "K", "N", "N2", "H", "max_seq_len_q") if c in now.columns and c in then.columns]
-    if not keys or _fused_ms(now) is None or _fused_ms(then) is None:
-        return f"(An earlier run of `{source.stem}`.)"
-    both = now[keys + [_fused_ms(now)]].rename(columns={_fused_ms(now): "now"}).merge(
-        then[keys + [_fused_ms(then)]].rename(columns={_fused_ms(then): "then"}), on=keys)
-    return " ".join(
-        f"Against the committed `{source.stem}` at {'x'.join(str(r[k]) for k in keys)}: {r['now']:.4g} ms now, "
-        f"{r['then']:.4g} ms then ({r['now'] / r['then']:.3f}x)." for r in both.to_dict("records"))
+def _title(md: Path) -> str:
+    first = md.read_text().splitlines()[0] if md.is_file() else ""
+    return first.removeprefix("# ").strip()
 
 
 def results_readme(gpus: list[str]) -> str:
     out = ["# Results", "",
-           "Generated by `python bench/results_readme.py` from the CSV files beside this one; do not edit by "
-           "hand. Each section is one result file: its provenance (the command that made it, date, versions, "
-           "how it was timed), its table and, where there is one, its plot. Columns: `*_ms` latencies "
-           "(median, CUDA-graph replay unless the file says otherwise); `speedup_vs_*` = alternative / fused "
-           "(above 1: the fused kernel is faster); `saved_vs_*_pct` = (t_gemm + t_norm - t_fused) / t_norm, "
-           "the blog's metric (100: the norm is free); `vs_cublas_mm` = fused / cuBLAS GEMM; "
-           "`fused_over_floor` = fused / max(byte floor, FLOP floor) at the ceilings measured in the same run; "
-           "`config` = where the config came from (exact, nearest, default); `check` = the fp32 reference "
-           "check and bit-identical reruns.", ""]
+           "Generated by `python bench/results_readme.py` from the tables beside this file; do not edit by hand. "
+           "One table per op, workload and GPU (`<gpu>/<op>_<workload>.csv`, its `.md` with every column and the "
+           "runs, its plot); a re-run replaces its rows in place, and every row records its date, commit, "
+           "command, timer and runs. Shown here per table: the key columns, the kernel's time (ms, median), "
+           "`speedup_vs_*` = the alternative's time / the kernel's (above 1: the kernel is faster), "
+           "`saved_*_pct` = (t_gemm + t_norm - t_fused) / t_norm (the blog's metric; 100: the norm is free), "
+           "`dispatch` = what the op ran, `fused_over_floor` = the kernel's time over max(byte floor, FLOP "
+           "floor) at the GPU's ceilings, `check` = the fp32 reference check, `repeats` = runs per row.", ""]
     for gpu in gpus:
-        out += [f"## {gpu}", ""]
-        lines = [headline(h, gpu) for h in HEADLINES if _has(h, gpu)] + startup_lines(gpu)
+        folder = RESULTS / gpu
+        out += [f"## {gpu}", "", *ceiling_line(gpu)]
+        lines = [headline(h, gpu) for h in HEADLINES if _has(h, gpu)]
         if lines:
             out += ["Headlines:", "", *lines, ""]
-        for folder, title in ((RESULTS / gpu, "The shipped ops and package"),
-                              (RESULTS / gpu / "variants", "Measured, not shipped"),
-                              (RESULTS / gpu / "checks", "Checks: rows re-measured after a change, earlier runs")):
-            csvs = sorted(folder.glob("*.csv"))
-            if not csvs:
-                continue
-            out += [f"### {title}", ""]
-            for csv in csvs:
-                rel = csv.relative_to(RESULTS)
-                out += [f"#### `{rel.with_suffix('')}`", ""] + _provenance(csv.with_suffix(".md")) + [""]
-                out += [_table(csv), ""]
-                if folder.name == "checks" and _against_committed(csv, RESULTS / gpu):
-                    out += [_against_committed(csv, RESULTS / gpu), ""]
-                if csv.with_suffix(".png").is_file():
-                    out += [f"![{csv.stem}]({rel.with_suffix('.png')})", ""]
+        tables = [c for c in sorted(folder.glob("*.csv")) if _is_result_table(c)]
+        if tables:
+            out += ["### Tables (one per op and workload)", ""]
+        for csv in tables:
+            rel = csv.relative_to(RESULTS)
+            plot = f" · [plot]({rel.with_suffix('.png')})" if csv.with_suffix(".png").is_file() else ""
+            out += [f"#### `{csv.stem}`", "", f"[every column and run]({rel.with_suffix('.md')}){plot}", "",
+                    _compact(csv), ""]
+        others = [c for c in sorted(folder.glob("*.csv")) if not _is_result_table(c)]
+        for title, files in (("Diagnostics", others), ("Variants: measured, not shipped (see `bench/NOTES.md`)",
+                                                        sorted((folder / "variants").glob("*.csv")))):
+            if files:
+                out += [f"### {title}", ""] + [f"- [`{c.relative_to(folder).with_suffix('')}`]"
+                                              f"({c.relative_to(RESULTS).with_suffix('.md')}): {_title(c.with_suffix('.md'))}"
+                                              for c in files] + [""]
     return "\n".join(out)
 
 
+def _is_result_table(csv: Path) -> bool:
+    """A table of an op's benchmark (per-row provenance), not a diagnostic."""
+    return csv.stem != results.CEILINGS and "measured_at" in pd.read_csv(csv, nrows=0).columns
+
+
 def _has(h: Headline, gpu: str) -> bool:
-    return all((RESULTS / gpu / f"{stem}.csv").is_file() for stem in h.stems)
+    return all((RESULTS / gpu / f"{t}.csv").is_file() for t in h.tables)
 
 
 def startup_lines(gpu: str) -> list[str]:
-    """Start-up and host cost, from ``startup_and_overhead.csv`` when the GPU has one."""
+    """Start-up cost, from ``startup_and_overhead.csv`` when the GPU has one."""
     path = RESULTS / gpu / "startup_and_overhead.csv"
     if not path.is_file():
         return []
@@ -298,7 +269,7 @@ def startup_lines(gpu: str) -> list[str]:
             f"deferred); the first call of a tuned op took {_fmt(now['first call, rmsnorm_matmul 65536x1024x1024 (s)'])} s "
             f"in a fresh process, almost all of it Helion's own import (in another process importing Helion "
             f"took {_fmt(helion)} s and the first call after it {_fmt(now['[process 3] first call (s)'])} s, "
-            f"compilation included). File: `{gpu}/startup_and_overhead.md`."]
+            f"compilation included). One run, 2026-12-01. Table: `{gpu}/startup_and_overhead.md`."]
 
 
 def readme_block(gpus: list[str]) -> str:
@@ -306,8 +277,8 @@ def readme_block(gpus: list[str]) -> str:
     for gpu in gpus:
         found = [headline(h, gpu) for h in HEADLINES if _has(h, gpu)] + startup_lines(gpu)
         if found:
-            lines += [f"Measured on {gpu} (bf16; details, every table and plot: `bench/results/README.md`):", "",
-                      *found]
+            lines += [f"Measured on {gpu} (bf16; every table and plot: `bench/results/README.md`). "
+                      + "".join(ceiling_line(gpu)[:1]), "", *found]
     return "\n".join(lines + [END])
 
 

@@ -220,7 +220,6 @@ def main() -> int:
             "baseline": str(args.baseline), "raw": raw,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     df.to_csv(out_dir / "startup_and_overhead.csv", index=False, float_format="%.4g")
-    (out_dir / "startup_and_overhead.json").write_text(json.dumps(meta, indent=1) + "\n")
     head = [f"# Start-up and per-call host overhead on {meta['gpu']}", "",
             f"- command: `{meta['command']}` (baseline: the package before it became custom ops)",
             f"- date: {meta['date']}",

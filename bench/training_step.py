@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -45,11 +46,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from helion_kernels import LinearLayerNorm, LinearRMSNorm, RMSNormLinear, matmul, registry, workloads
-from helion_kernels.benchmark import (BALANCED_ORDER, aim_bars, finish_plot, run_meta, time_columns,
+from helion_kernels import LinearLayerNorm, LinearRMSNorm, RMSNormLinear, matmul, registry
+from helion_kernels.benchmark import (aim_bars, device_ceilings, finish_plot, run_meta, time_columns,
                                       workload_script_args, write_results)
 from helion_kernels.cli import positive_int
-from helion_kernels.timing import measure_ceilings
 from helion_kernels.verify import check_outputs
 
 NORMS = {"rmsnorm_linear": nn.RMSNorm, "linear_layernorm": nn.LayerNorm, "linear_rmsnorm": nn.RMSNorm}
@@ -244,31 +244,25 @@ def main() -> int:
     args, table = workload_script_args(__doc__.splitlines()[0], arguments, default_workload="training")
     warnings.simplefilter("ignore", registry.ConfigFallbackWarning)
     device = torch.device("cuda")
-    ceilings = measure_ceilings(device)
+    ceilings = device_ceilings(device)
     rows = []
     for r in table.to_dict("records"):
-        rows.append(bench_row(r["layer"], int(r["M"]), int(r["K"]), int(r["N"]), args.timer, args.bias,
-                              args.repeats))
+        rows.append({**bench_row(r["layer"], int(r["M"]), int(r["K"]), int(r["N"]), args.timer, args.bias,
+                                 args.repeats), "bias": args.bias})
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
     df = pd.DataFrame(rows)
-    meta = run_meta(device, ceilings, inputs="bf16 inputs, parameters (affine ~ 1 +- 0.1) and output gradient; "
-                                            "x requires grad; Linear " + ("with" if args.bias else "without") + " bias",
+    meta = run_meta(device, ceilings, timer=args.timer, repeats=args.repeats,
+                    inputs="bf16 inputs, parameters (affine ~ 1 +- 0.1) and output gradient; x requires grad; "
+                           "Linear with a bias where the bias column says so",
                     baselines="gemms/helion_gemms: the layer's forward, dgrad and wgrad GEMMs alone; eager / "
-                              "compiled (torch.compile default mode) PyTorch pair; liger: Liger's norm + nn.Linear",
-                    column_order=BALANCED_ORDER)
-    meta["timing"] = ("triton.testing.do_bench_cudagraph (CUDA-graph replay), median, every column of a row; "
-                      "rows whose timer column says plain: do_bench for every column" if args.timer == "graph" else
-                      "triton.testing.do_bench, median, not graph-captured, the same for every column")
-    if args.repeats > 1:
-        meta["timing"] += (f"; every column timed in {args.repeats} repeats; "
-                           "the medians reported, and speedup_vs_compiled's spread (max - min) over the repeats")
-    meta["command"] = ("python bench/training_step.py" + (f" --where {args.where!r}" if args.where else "")
-                       + (" --timer graph" if args.timer == "graph" else "") + (" --bias" if args.bias else "")
-                       + (f" --repeats {args.repeats}" if args.repeats > 1 else ""))
-    stem = (f"training_step_{args.workload}" + ("_bias" if args.bias else "") + ("_graph" if args.timer == "graph" else "")
-            + workloads.where_suffix(args.where))
+                              "compiled (torch.compile default mode) PyTorch pair; liger: Liger's norm + nn.Linear")
+    meta["timing"] = ("every column of a row by the row's timer (graph: CUDA-graph replay, do_bench_cudagraph; "
+                      "plain: an eager loop, do_bench, host time included; a graph run falls back to plain for a "
+                      "row that cannot be captured), median" + (f"; {args.repeats} repeats in balanced order, "
+                      "the medians and speedup_vs_compiled's spread (max - min)" if args.repeats > 1 else ""))
+    meta["command"] = shlex.join(["python", "bench/training_step.py", *sys.argv[1:]])
     out = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
-    paths = write_results(df, meta, out, stem, plot, notes=(
+    paths = write_results(df, meta, out, f"training_step_{args.workload}", plot, notes=(
         "`norm_share_removed_pct` = (compiled - best fused) / (compiled - gemms): 100 = the norm is free",))
     print("wrote " + ", ".join(map(str, paths)))
     return 1 if (df[[c for c in df.columns if c.endswith("_check")]] != "ok").any().any() else 0

@@ -10,8 +10,9 @@ inductor norm's latency (the blog's metric, against the Helion GEMM and against 
 inductor norm), speed-ups over each unfused pipeline and the best of them, relative error
 against the fp32 reference (and whether repeated runs agree bit for bit; a failed check is
 recorded in the row's ``check`` column), and distance to the byte and FLOP floors at the
-ceilings measured in the same run. Results go to ``bench/results/<gpu>/`` as CSV, markdown,
-JSON and PNG.
+ceilings every floor of the GPU reads (``bench/results/<gpu>/ceilings.csv``). Results go to
+one table per op and workload, ``bench/results/<gpu>/<op>_<workload>.{csv,md,png}``; a re-run
+replaces its rows in place, each row recording its own run.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import argparse
 import datetime
 import functools
 import importlib.metadata
-import json
 import math
 import shlex
 import statistics
@@ -178,15 +178,12 @@ def run_benchmark(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype,
     """Benchmark every problem with a progress bar; returns the table and its metadata."""
     from rich.progress import track
 
-    ceilings = measure_ceilings(device)
-    rows = [bench_problem(spec, p, dtype, device, ceilings, repeats)
+    ceilings = device_ceilings(device)
+    rows = [{"kernel": spec.name, **bench_problem(spec, p, dtype, device, ceilings, repeats)}
             for p in track(problems, description=f"bench {spec.name}", transient=True)]
     bench = bench_spec(spec.name)
-    meta = run_meta(device, ceilings, kernel=spec.name, relative_to=bench.plot_relative_to, aim=bench.aim,
-                    column_order=BALANCED_ORDER)
-    if repeats > 1:
-        meta["timing"] += (f"; every column timed in {repeats} repeats; the medians reported, and the GEMM "
-                           "ratios' spread (max - min) over the repeats")
+    meta = run_meta(device, ceilings, timer="graph", repeats=repeats, kernel=spec.name,
+                    relative_to=bench.plot_relative_to, aim=bench.aim)
     return pd.DataFrame(rows), meta
 
 
@@ -217,18 +214,50 @@ def workload_script_args(description: str, add_arguments=None, default_workload:
     return args, table
 
 
-def run_meta(device: torch.device, ceilings: Ceilings, **extra) -> dict:
-    """Provenance of a benchmark run: GPU, date, the command, versions, measured ceilings,
-    how it was timed, and ``extra`` entries (e.g. ``inputs``, ``baselines``, ``kernel``)."""
+def device_ceilings(device: torch.device) -> Ceilings:
+    """The ceilings every floor of this GPU is computed at: ``bench/results/<gpu>/ceilings.csv``
+    (``python bench/ceilings.py`` measures and commits it); where it is missing, measured now
+    (:func:`~helion_kernels.timing.measure_ceilings`) and written there."""
+    from . import results
+
+    folder = RESULTS_DIR / registry.gpu_key(device)
+    found = results.read_ceilings(folder)
+    if found is None:
+        found, rows = measure_ceilings(device)
+        results.write_ceilings(folder, rows, run_meta(device, found, timer="graph", repeats=1))
+        print(f"measured the ceilings of this GPU: {folder / 'ceilings.md'}", file=sys.stderr)
+    return found
+
+
+TIMERS = {"graph": "CUDA-graph replay (triton.testing.do_bench_cudagraph), median of 10 replays",
+          "plain": "eager loop, host time included (triton.testing.do_bench), median"}
+
+
+def run_meta(device: torch.device, ceilings: Ceilings, timer: str, repeats: int, order: str = "balanced",
+             **extra) -> dict:
+    """What every row of a run records (:data:`~helion_kernels.results.PROVENANCE`: date,
+    commit, command, ``timer`` ("graph" or "plain", :data:`TIMERS`), the column ``order``
+    ("balanced": :data:`BALANCED_ORDER`, or "one order"), ``repeats``,
+    the ceilings its floors use, versions), the GPU, a sentence on the timing for the table's
+    notes, and ``extra`` entries (e.g. ``kernel``, ``inputs``, ``baselines``)."""
+    from .results import checkout_commit
+
+    timing = TIMERS[timer] + ", input sets rotated to >= 4x L2"
+    if repeats > 1:
+        timing += f"; every column timed in {repeats} repeats ({BALANCED_ORDER}), the medians reported"
     return {
         "gpu": torch.cuda.get_device_name(device),
         "gpu_key": registry.gpu_key(device),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(shlex.quote(a) for a in ["helion-kernels", *sys.argv[1:]]),
-        "versions": {**versions(), "liger-kernel": _version("liger-kernel")},
-        "ceilings": {"copy_GBps": round(ceilings.bandwidth_gbps, 1), "bf16_TFLOPs": round(ceilings.bf16_tflops, 1)},
-        "timing": "CUDA-graph replay (triton.testing.do_bench_cudagraph), median of 10 replays, "
-                  "input sets rotated to >= 4x L2",
+        "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": checkout_commit(),
+        "command": shlex.join(["helion-kernels", *sys.argv[1:]]),
+        "timer": timer,
+        "order": order,
+        "repeats": repeats,
+        "copy_GBps": round(ceilings.bandwidth_gbps, 1),
+        "gemm_TFLOPs": round(ceilings.bf16_tflops, 1),
+        "versions": ", ".join(f"{k} {v}" for k, v in {**versions(), "liger-kernel": _version("liger-kernel")}.items()),
+        "timing": timing,
         **extra,
     }
 
@@ -242,31 +271,14 @@ def _version(pkg: str) -> str:
 
 def write_results(df: pd.DataFrame, meta: dict, out_dir: Path, stem: str, plot_fn=None,
                   notes: tuple[str, ...] = (SAVED_NOTE, SPEEDUP_NOTE)) -> list[Path]:
-    """``<stem>.csv``, ``<stem>.md`` (table + provenance + ``notes``), ``<stem>.json`` and
-    ``<stem>.png`` (drawn by ``plot_fn(df, meta, path)``, default :func:`plot`)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{stem}.{ext}" for ext in ("csv", "md", "json", "png")]
-    df.to_csv(paths[0], index=False, float_format="%.5g")
-    header = [
-        f"# {stem} on {meta['gpu']}",
-        "",
-        f"- command: `{meta['command']}`",
-        f"- date: {meta['date']}",
-        f"- versions: {', '.join(f'{k} {v}' for k, v in meta['versions'].items())}",
-        f"- measured ceilings: {meta['ceilings']['copy_GBps']} GB/s copy, "
-        f"{meta['ceilings']['bf16_TFLOPs']} bf16 TFLOP/s",
-        f"- timing: {meta['timing']}",
-        *(f"- {key}: {meta[key]}" for key in ("inputs", "baselines") if key in meta),
-        *(f"- {note}" for note in notes),
-        "",
-    ]
-    shown = df.copy()
-    for col in shown.select_dtypes("float").columns:  # 4 significant digits, integers kept
-        shown[col] = shown[col].map(lambda v: f"{v:.4g}")
-    paths[1].write_text("\n".join(header) + "\n" + shown.to_markdown(index=False) + "\n")
-    paths[2].write_text(json.dumps(meta, indent=1) + "\n")
-    (plot_fn or plot)(df, meta, paths[3])
-    return paths
+    """Merge a run's rows into the table ``<out_dir>/<stem>`` (one per op, workload and GPU;
+    :func:`~helion_kernels.results.write_table`: a re-run replaces its rows in place) and
+    write its ``.md`` and ``.png`` (drawn by ``plot_fn(table, meta, path)``, default :func:`plot`)."""
+    from .results import write_table
+
+    notes = (f"timing: {meta['timing']}", *(f"{key}: {meta[key]}" for key in ("inputs", "baselines") if key in meta),
+             *notes)
+    return write_table(df, meta, out_dir, stem, f"{stem} on {meta['gpu']}", notes, plot_fn or plot)
 
 
 def write_table(df: pd.DataFrame, stem: Path, title: str, provenance: list[str]) -> None:

@@ -27,14 +27,16 @@ DTYPES = {name: getattr(torch, name) for name in registry.DTYPE_NAMES}
 WIDTH = 120  # what the CPU report is laid out for
 _CHECKOUT = Path(__file__).resolve().parent.parent
 
-CPU_LEGEND = """\
-Columns: gpu = registry folder (GPU name and architecture); the key columns (M, K, N or H, D)
-and dtype = the call; config = where its config comes from: exact (tuned at this key on this
-GPU), nearest (tuned at the key in tuned_at, or on another GPU of the same architecture) or
-default (nothing tuned: the kernel's conservative config); tuned_ms = the latency recorded
-when the exact entry was tuned; build = the kernel build a call compiles (static: for this
-exact shape; dynamic: once per config for every M); codegen = ok when Helion generates Triton
-code for that config at this key here (else the reason is listed below the table)."""
+CPU_LEGEND = (
+    "config = where the row's config comes from: exact (tuned at this key on this GPU), nearest (tuned at "
+    "tuned_at, or on another GPU of the same architecture) or default (nothing tuned); build = the kernel build a "
+    "call compiles (static: this exact shape; dynamic: once per config for every M); codegen = ok when Helion "
+    "generates Triton code for that config here (else the reason is listed below).")
+RUNS_LEGEND = (
+    "runs = what the op runs there: the fused kernel or its unfused pipeline (the registry's recorded choice, or N "
+    "past the full-row limit; \"training:\" the choice when autograd records the call; *: measured with the config "
+    "the entry had before its last re-tune); unfused (Liger norm) = cuBLAS + Liger's norm where liger-kernel runs, "
+    "else the compiled norm.")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,9 +59,11 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--where", help="pandas query selecting workload rows, e.g. 'M == 65536' or 'H == 4'")
         sp.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="input dtype (default bfloat16)")
 
-    tune = sub.add_parser("autotune", help=(
-        "tune shapes on this GPU and save verified configs in the user registry (attention "
-        "kernels: one config per (H, D), tuned on its row with the longest sequences)"))
+    tune_help = ("tune shapes on this GPU and save verified configs in the user registry (attention "
+                 "kernels: one config per (H, D), tuned on its row with the longest sequences)")
+    tune = sub.add_parser("autotune", help=tune_help, description=(
+        tune_help[0].upper() + tune_help[1:] + ". Each config is checked against an fp32 reference and for "
+        "bit-identical reruns before it is saved; a rerun skips the shapes already saved."))
     common(tune, shape=True)
     tune.add_argument("--effort", default="quick", choices=["quick", "full"],
                       help="Helion's autotune_effort: quick (its LFBO tree search from the seeds, up to 5 "
@@ -191,49 +195,51 @@ def _cmd_autotune(args: argparse.Namespace) -> int:
 
 
 def _stem(args: argparse.Namespace, kernel: str) -> str:
-    stem = f"{kernel}_{args.workload}{workloads.where_suffix(args.where)}"
-    return stem if args.dtype == "bfloat16" else f"{stem}_{args.dtype}"
+    """The one table of ``kernel`` on the workload (every dtype and --where selection in it)."""
+    return f"{kernel}_{args.workload}"
 
 
 def _cpu_bench(args: argparse.Namespace, spec, problems: list) -> int:
+    import pandas as pd
+
+    from . import results
     from .benchmark import cpu_report
 
-    dtype = DTYPES[args.dtype]
-    print(textwrap.fill(
-        f"No CUDA GPU found: timings need a CUDA GPU (so nothing is written{' to ' + str(args.out) if args.out else ''}). "
-        f"Checking instead, for every registry key of the workload and every GPU in the registry, which config "
-        f"{spec.name} would run with and that Helion generates Triton code for it here.", WIDTH) + "\n")
-    report = cpu_report(spec, problems, dtype)
+    report = cpu_report(spec, problems, DTYPES[args.dtype])
     failed = report[report["codegen"] != "ok"]
-    shown = report.assign(codegen=report["codegen"].where(report["codegen"] == "ok", "FAILED"))
-    print(shown.to_string(index=False, na_rep="-"))
-    print("\n" + CPU_LEGEND)
-    if "runs" in report.columns:
-        from . import liger_norm
-
-        here = ("" if torch.cuda.is_available() and liger_norm.available(torch.device("cuda"), 1)
-                else " Liger's norm cannot run on this machine (no CUDA GPU or no liger-kernel): here the "
-                     "compiled norm would run instead.")
-        print(textwrap.fill("runs = what the op runs at that row: the fused kernel, or its unfused pipeline "
-                            "(the registry's recorded choice, or N past the full-row limit; \"training:\" the choice when autograd "
-                            "records the call, where it was measured apart; *: measured before the entry's last "
-                            "re-tune, with the config it had then); unfused (Liger norm) = "
-                            "cuBLAS + Liger's norm, where liger-kernel is installed (else the compiled norm)." + here,
-                            WIDTH))
-    if len(report) < len(problems) * max(1, len(registry.known_gpus())):
-        fields = type(problems[0].key)._fields
-        why = ("rows that share a key are listed once" if "M" in fields
-               else "not by the sequence lengths")  # an attention key (H, D)
-        print(textwrap.fill(f"One row per registry key: {spec.name}'s configs are keyed by "
-                            f"{', '.join(fields)}; {why}.", WIDTH))
+    report["codegen"] = report["codegen"].where(report["codegen"] == "ok", "FAILED")
+    key = [c for c in report.columns if c in type(problems[0].key)._fields] + ["dtype"]
+    tables = []
+    for gpu, rows in report.groupby("gpu", sort=False):
+        found = results.committed(spec, args.workload, gpu)
+        if found is not None:
+            rows = rows.merge(found, on=[c for c in key if c in found.columns], how="left")
+        tables.append(rows)
+    shown = pd.concat(tables, ignore_index=True).drop(columns=["tuned_ms"]).dropna(axis=1, how="all")
+    if (shown["config"] == "exact").all():
+        shown = shown.drop(columns=["tuned_at"])
+    gpus = list(dict.fromkeys(shown["gpu"]))
+    shown = shown.drop(columns=["gpu", "dtype"] if len(gpus) == 1 else ["dtype"])
+    extra = [c for c in ("max_seq_len_q",) if c in shown.columns]  # a committed row's key beyond the registry's
+    shown = shown[[*[c for c in key if c in shown.columns], *extra,
+                   *[c for c in shown.columns if c not in key and c not in extra]]]
+    shown = shown.rename(columns={"best_unfused_ms": "unfused_ms"})
+    print(textwrap.fill(
+        f"No CUDA GPU found: nothing is timed or written. Per registry key of the {args.workload} rows "
+        f"({args.dtype}, {len(problems)} row{'s' if len(problems) > 1 else ''}) on {', '.join(gpus)}: the config "
+        f"{spec.name} would run with, whether Helion generates its Triton code here, and the committed GPU "
+        "result.", WIDTH) + "\n")
+    print(shown.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}"))
+    print()
+    tables = ", ".join(f"bench/results/{g}/{_stem(args, spec.name)}.csv" for g in gpus)
+    for text in (CPU_LEGEND, RUNS_LEGEND if "runs" in shown.columns else "",
+                 results.COMMITTED_LEGEND.format(table=tables) if "fused_ms" in shown.columns
+                 else f"No committed GPU results of {spec.name} on {args.workload}."):
+        if text:
+            print(textwrap.fill(text, WIDTH))
     for row in failed.itertuples():
-        print(textwrap.fill(f"FAILED {row.gpu} {dict(row._asdict())}: {row.codegen}", WIDTH,
-                            subsequent_indent="  "))
-    from .results import print_committed
-
-    print_committed(spec, _stem(args, spec.name), args.workload, args.where)
-    print(f"\n{len(report) - len(failed)} of {len(report)} configs compile. "
-          "Numerical CPU checks: see the README's test command.")
+        print(textwrap.fill(f"FAILED {row.gpu} {dict(row._asdict())}: {row.codegen}", WIDTH, subsequent_indent="  "))
+    print(f"{len(report) - len(failed)} of {len(report)} configs compile. Numerical CPU checks: the README's test command.")
     return 1 if len(failed) else 0
 
 

@@ -398,8 +398,8 @@ def _update(kernel: str, gpu: str, change, gpu_name: str | None) -> Path:
     return path
 
 
-# Weights of |log2| ratios of (M, K, N) in the nearest-shape distance: N matters most to what
-# a config loses at another shape, K least (bench/NOTES.md, config transfer); an attention
+# Weights of |log2| ratios of (M, K, N) in the nearest-shape distance: N mattered most to what a
+# config lost at another shape at M = 65536 (bench/NOTES.md, config transfer); an attention
 # key's (H, D) weigh alike.
 GEMM_DISTANCE_WEIGHTS = Shape(M=0.5, K=0.25, N=1.0)
 

@@ -257,13 +257,18 @@ def launch(spec: KernelSpec, args: tuple):
             resolved = _smaller(spec, args, resolved, original, err)
             continue
         except InterpreterError as err:
-            raise RuntimeError(
-                f"{spec.name}: Triton's interpreter (TRITON_INTERPRET=1) cannot run this kernel "
-                f"({str(err).strip().splitlines()[-1][:160]}); to run the ops on a CPU, set HELION_INTERPRET=1 "
-                f"instead (Helion's reference mode)") from err
+            raise _interpreter_error(spec.name, err) from err
         if key is not None:
             _store(_LAUNCHES, key, _Launch(run, resolved))
         return out
+
+
+def _interpreter_error(name: str, err: Exception) -> RuntimeError:
+    """What a user sees where Triton's interpreter cannot run a kernel the op launched."""
+    return RuntimeError(
+        f"{name}: Triton's interpreter (TRITON_INTERPRET=1) cannot run this kernel "
+        f"({str(err).strip().splitlines()[-1][:160]}); to run the ops on a CPU, set HELION_INTERPRET=1 "
+        f"instead (Helion's reference mode)")
 
 
 def _shrink_key(spec: KernelSpec, args: tuple, config) -> tuple:
@@ -300,11 +305,16 @@ def launch_kernel(kernel, args: tuple, config: Callable[[], Any] | None = None):
         return hit.run(*args)
     if reference_mode(kernel):
         return kernel(*args)
+    from triton.runtime.errors import InterpreterError
+
     chosen = config() if config is not None else _pinned(kernel)
-    if chosen is None:
-        return kernel(*args)
-    run = kernel.bind(args).compile_config(chosen)
-    out = run(*args)
+    try:
+        if chosen is None:
+            return kernel(*args)
+        run = kernel.bind(args).compile_config(chosen)
+        out = run(*args)
+    except InterpreterError as err:
+        raise _interpreter_error(getattr(kernel, "name", "kernel"), err) from err
     if key is not None:
         _store(_LAUNCHES, key, _Launch(run, Resolved(chosen, "pinned", None)))
     return out

@@ -1,9 +1,11 @@
-"""GPU timing: CUDA-graph replay, median, rotating input sets so L2 does not flatter."""
+"""GPU timing: CUDA-graph replay, median, rotating input sets so L2 does not flatter; and the
+device ceilings (copy bandwidth, bf16 GEMM rate) that every floor is computed at."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import statistics
 from typing import Callable, Sequence
 
 import torch
@@ -34,21 +36,73 @@ def input_copies(bytes_per_set: int, device: torch.device, cap: int = 8) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Ceilings:
-    """Measured device ceilings: copy bandwidth (read + write) and bf16 GEMM rate."""
+    """Device ceilings: copy bandwidth (bytes read + written, GB/s) and bf16 GEMM rate (TFLOP/s)."""
 
     bandwidth_gbps: float
     bf16_tflops: float
 
 
-def measure_ceilings(device: torch.device) -> Ceilings:
-    """A 1 GiB device-to-device copy and an 8192^3 bf16 cuBLAS GEMM on random data."""
-    src = torch.randn(2**28, device=device)  # 1 GiB fp32
-    dst = torch.empty_like(src)
-    copy_ms = time_ms(lambda: dst.copy_(src), rep_ms=100)
-    bandwidth = 2 * src.numel() * src.element_size() / (copy_ms * 1e-3) / 1e9
-    del src, dst
-    n = 8192
-    x = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    y = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    mm_ms = time_ms(lambda: torch.mm(x, y), rep_ms=100)
-    return Ceilings(bandwidth_gbps=bandwidth, bf16_tflops=2 * n**3 / (mm_ms * 1e-3) / 1e12)
+def graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 15) -> float:
+    """Median ms per call of ``fn``: one CUDA graph of ``calls`` back-to-back calls, replayed
+    ``replays`` times (CUDA events around each replay)."""
+    fn()
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+    torch.cuda.synchronize()
+    graph.replay()  # warm
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return statistics.median(times)
+
+
+COPY_SIZES_MIB = (256, 1024, 4096)
+GEMM_SHAPES = ((8192, 8192, 8192), (16384, 8192, 8192))
+
+
+def measure_ceilings(device: torch.device, calls: int = 20, replays: int = 15) -> tuple[Ceilings, list[dict]]:
+    """The device's ceilings, the best of several methods and sizes, and every measurement
+    (``kind``, ``method``, ``size``, ``ms``, ``rate``, ``note``).
+
+    Copy (bytes read and written): ``dst.copy_(src)`` and ``torch.compile`` of ``x * 2`` (what
+    an inductor elementwise pass, like the compiled norm, reaches) at :data:`COPY_SIZES_MIB`;
+    one ``copy_`` timed by ``do_bench_cudagraph`` reads well below what the compiled norm
+    moves. GEMM: cuBLAS bf16 ``a @ b`` at :data:`GEMM_SHAPES`. Each by :func:`graph_ms`.
+    """
+    rows = []
+    scale = torch.compile(lambda x: x * 2)
+    for mib in COPY_SIZES_MIB:
+        n = mib * 2**20 // 4
+        src = torch.randn(n, device=device)
+        dst = torch.empty_like(src)
+        for method, fn in {"torch_copy": lambda: dst.copy_(src), "compiled_scale": lambda: scale(src)}.items():
+            try:
+                ms = graph_ms(fn, calls, replays)
+                rows.append({"kind": "copy", "method": method, "size": f"{mib} MiB", "ms": ms,
+                             "rate": 2 * n * 4 / (ms * 1e-3) / 1e9, "note": ""})
+            except (RuntimeError, torch.cuda.OutOfMemoryError) as err:  # one failing leaves the others
+                rows.append({"kind": "copy", "method": method, "size": f"{mib} MiB", "ms": float("nan"),
+                             "rate": float("nan"), "note": f"{type(err).__name__}: {err}"[:120]})
+        del src, dst
+        torch.cuda.empty_cache()
+    for m, k, n in GEMM_SHAPES:
+        a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
+        ms = graph_ms(lambda: torch.mm(a, b), 10, replays)
+        rows.append({"kind": "bf16_gemm", "method": "cublas_mm", "size": f"{m}x{k}x{n}", "ms": ms,
+                     "rate": 2 * m * k * n / (ms * 1e-3) / 1e12, "note": ""})
+        del a, b
+    best = {kind: max((r["rate"] for r in rows if r["kind"] == kind and r["rate"] == r["rate"]), default=float("nan"))
+            for kind in ("copy", "bf16_gemm")}
+    return Ceilings(bandwidth_gbps=best["copy"], bf16_tflops=best["bf16_gemm"]), rows

@@ -55,13 +55,13 @@ _COMPARISONS = {"<=": "le", ">=": "ge", "!=": "ne", "<": "lt", ">": "gt"}  # "==
 
 
 def where_suffix(where: str | None) -> str:
-    """The part of a result file's name that says which rows a ``--where`` query selected:
+    """The part of a variant run's file name that says which rows a ``--where`` query selected:
     ``"M == 65536"`` -> ``"_M_65536"``, ``"K <= 1024"`` -> ``"_K_le_1024"`` (every comparison
     but ``==`` is named, so ``K <= 1024`` and ``K == 1024`` never share a file); "" without a
     query. A query longer than :data:`WHERE_SUFFIX_MAX` characters once cleaned is cut at the
     last word boundary within them and ends with 8 hex digits of its SHA-1, so names stay short
-    (file systems refuse names past 255 bytes) and distinct; the result's ``.md`` and ``.json``
-    record the whole command."""
+    (file systems refuse names past 255 bytes) and distinct; the run's ``.md`` records the
+    whole command. (An op's benchmark merges its rows into one table instead.)"""
     if not where:
         return ""
     named = re.sub(r"<=|>=|!=|<|>", lambda op: f" {_COMPARISONS[op.group()]} ", where)

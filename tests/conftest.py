@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-# The measured-but-unshipped kernels under bench/variants/ are tested too (they are kept so
-# that their A/B scripts can be re-run), and so are the report scripts under bench/.
+# The A/B scripts under bench/variants/ and the report scripts under bench/ are tested too.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench" / "variants"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
@@ -108,7 +107,7 @@ def poisoned_empty(monkeypatch: pytest.MonkeyPatch) -> None:
         t = empty(*args, **kwargs)
         # Not a leaf that requires grad: inductor's first compile in a process builds its
         # pattern examples that way, and an in-place fill on one raises (seen on the GPU when
-        # a poisoned test compiled the unfused norm first: logs/2026-12-01_pytest_cuda_dynamic_m.log).
+        # a poisoned test compiled the unfused norm first).
         if t.is_floating_point() and t.device.type != "meta" and not t.requires_grad:
             t.fill_(float("nan"))
         return t

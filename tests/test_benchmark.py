@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -13,24 +14,84 @@ from helion_kernels import benchmark
 from helion_kernels.benchmark import write_results
 
 
-def test_write_results(tmp_path):
-    df = pd.DataFrame([
-        {"M": 65536, "K": 1024, "N": 512, "rmsnorm_matmul_ms": 0.11, "cublas_mm_ms": 0.1,
-         "helion_matmul_ms": 0.105, "inductor_norm_ms": 0.08, "saved_vs_helion_gemm_pct": 94.0,
-         "saved_vs_cublas_inductor_pct": 88.0, "byte_floor_ms": 0.03, "flop_floor_ms": 0.09},
-        {"M": 65536, "K": 256, "N": 256, "rmsnorm_matmul_ms": 0.03, "cublas_mm_ms": 0.024,
-         "helion_matmul_ms": 0.026, "inductor_norm_ms": 0.017, "saved_vs_helion_gemm_pct": 76.0,
-         "saved_vs_cublas_inductor_pct": 65.0, "byte_floor_ms": 0.016, "flop_floor_ms": 0.011},
-    ])
-    meta = {"gpu": "Some GPU", "command": "helion-kernels bench --kernel rmsnorm_matmul", "date": "2026-11-29",
-            "versions": {"torch": "2.11"}, "ceilings": {"copy_GBps": 4250.0, "bf16_TFLOPs": 744.0}, "timing": "graphs"}
-    paths = write_results(df, meta, tmp_path / "gpu", "stem")
-    assert [p.name for p in paths] == ["stem.csv", "stem.md", "stem.json", "stem.png"]
-    assert pd.read_csv(paths[0]).shape == (2, len(df.columns))
-    md = paths[1].read_text()
-    assert "# stem on Some GPU" in md and "`helion-kernels bench --kernel rmsnorm_matmul`" in md and "| 65536 |" in md
-    assert json.loads(paths[2].read_text())["gpu"] == "Some GPU"
-    assert paths[3].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def _meta(**over):
+    meta = {"gpu": "Some GPU", "measured_at": "2026-11-29T10:00:00+00:00", "commit": "abc1234",
+            "command": "helion-kernels bench --kernel rmsnorm_matmul", "timer": "graph", "order": "balanced",
+            "repeats": 1, "copy_GBps": 4250.0, "gemm_TFLOPs": 744.0, "versions": "torch 2.11", "timing": "graphs",
+            "kernel": "rmsnorm_matmul"}
+    return {**meta, **over}
+
+
+def _rows(*shapes, ms=0.1):
+    return pd.DataFrame([{"kernel": "rmsnorm_matmul", "M": m, "K": k, "N": n, "dtype": "bfloat16",
+                          "rmsnorm_matmul_ms": ms, "cublas_mm_ms": 0.1, "inductor_norm_ms": 0.08,
+                          "cublas+inductor_norm_ms": 0.2, "speedup_vs_best_unfused": 0.2 / ms,
+                          "saved_vs_cublas_inductor_pct": 50.0, "byte_floor_ms": 0.03, "flop_floor_ms": 0.01,
+                          "fused_over_floor": ms / 0.03} for m, k, n in shapes])
+
+
+def test_write_results_merges_a_re_run_in_place(tmp_path):
+    """One table per op and workload: a re-run of some rows replaces those rows (and only
+    those) in place, each row keeping the provenance of the run that measured it; the .md
+    lists the runs and every row names its run; no .json beside it."""
+    out = tmp_path / "gpu"
+    paths = write_results(_rows((64, 64, 64), (128, 64, 64)), _meta(), out, "stem")
+    assert [p.name for p in paths] == ["stem.csv", "stem.md", "stem.png"]
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    again = write_results(_rows((128, 64, 64), (256, 64, 64), ms=0.05),
+                          _meta(measured_at="2026-12-01T10:00:00+00:00", commit="def5678", repeats=3), out, "stem")
+    table = pd.read_csv(again[0])
+    assert list(zip(table.M, table.rmsnorm_matmul_ms, table.commit, table.repeats)) == [
+        (64, 0.1, "abc1234", 1), (128, 0.05, "def5678", 3), (256, 0.05, "def5678", 3)]
+    md = again[1].read_text()
+    assert "# stem on Some GPU" in md and "`helion-kernels bench --kernel rmsnorm_matmul`" in md
+    assert "1. 2026-11-29T10:00, commit abc1234" in md and "2. 2026-12-01T10:00, commit def5678" in md
+    assert not list(out.glob("*.json"))
+
+
+def test_an_interrupted_write_leaves_the_old_table(tmp_path, monkeypatch):
+    """The table is written beside it and renamed: a failure mid-write keeps the rows saved."""
+    from helion_kernels import results
+
+    out = tmp_path / "gpu"
+    write_results(_rows((64, 64, 64)), _meta(), out, "stem")
+    before = (out / "stem.csv").read_text()
+
+    def broken(self, text):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Path, "write_text", broken)
+    with pytest.raises(OSError):
+        results.write_table(_rows((64, 64, 64), ms=0.5), _meta(), out, "stem", "t")
+    monkeypatch.undo()
+    assert (out / "stem.csv").read_text() == before
+
+
+def test_refloor_scales_every_floor_to_the_new_ceilings():
+    """A floor is bytes (FLOPs) over a rate: at a 2x higher copy ceiling the byte floor halves,
+    and fused_over_floor is the kernel's time over the larger floor at the new ceilings."""
+    from helion_kernels import results
+    from helion_kernels.timing import Ceilings
+
+    table = results.with_provenance(_rows((64, 64, 64)), _meta(copy_GBps=2000.0, gemm_TFLOPs=500.0))
+    new = results.refloor(table, Ceilings(4000.0, 1000.0))
+    assert new.byte_floor_ms[0] == pytest.approx(0.015) and new.flop_floor_ms[0] == pytest.approx(0.005)
+    assert new.fused_over_floor[0] == pytest.approx(0.1 / 0.015)
+    assert (new.copy_GBps[0], new.gemm_TFLOPs[0]) == (4000.0, 1000.0)
+
+
+def test_ceilings_file_round_trip(tmp_path):
+    """The ceilings every floor of a GPU reads: the best row of each kind; none without the file."""
+    from helion_kernels import results
+
+    assert results.read_ceilings(tmp_path) is None
+    rows = [{"kind": "copy", "method": m, "size": "1 GiB", "ms": 1.0, "rate": r, "note": ""}
+            for m, r in (("torch_copy", 2700.0), ("compiled_scale", 4100.0))]
+    rows.append({"kind": "bf16_gemm", "method": "cublas_mm", "size": "8192^3", "ms": 1.0, "rate": 700.0, "note": ""})
+    results.write_ceilings(tmp_path, rows, _meta())
+    found = results.read_ceilings(tmp_path)
+    assert (found.bandwidth_gbps, found.bf16_tflops) == (4100.0, 700.0)
+    assert "copy ceiling 4100 GB/s" in (tmp_path / "ceilings.md").read_text()
 
 
 def test_workload_script_args(monkeypatch, capsys):
@@ -107,12 +168,3 @@ def test_plain_gemm_benchmark_reports_its_ratio_to_cublas(monkeypatch):
     assert "fused_vs_helion_gemm" not in row
 
 
-def test_a_partial_deferred_run_never_replaces_the_whole_table():
-    """``bench/postnorm_deferred.py --where ...`` once wrote its one row over the 10-row table;
-    a partial run is named after its clause, as the other benchmarks' re-runs are."""
-    import postnorm_deferred  # bench/, on the path through conftest
-
-    whole = postnorm_deferred.results_stem("postnorm_split_n", None)
-    part = postnorm_deferred.results_stem("postnorm_split_n", "K == 512 and N == 2048")
-    assert whole == "matmul_rmsnorm_matmul_postnorm_split_n"
-    assert part == "matmul_rmsnorm_matmul_postnorm_split_n_K_512_and_N_2048"

@@ -10,10 +10,10 @@ from pathlib import Path
 import helion
 import re
 
+import pandas as pd
 import pytest
 
 from helion_kernels import registry
-from helion_kernels import results
 from helion_kernels.cli import main
 from helion_kernels.spec import Shape
 
@@ -109,8 +109,8 @@ def test_bench_without_gpu_checks_configs(capsys, workload_registry):
                "--where", "M == 65536 and K == 256"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "No CUDA GPU found: timings need a CUDA GPU" in out
-    assert "exact" in out and "nearest 65536x256x256" in out
+    assert "No CUDA GPU found: nothing is timed or written" in out
+    assert "exact" in out and re.search(r"nearest +65536x256x256", out), out
     assert "3 of 3 configs compile" in out
 
 
@@ -129,14 +129,18 @@ def test_bench_without_gpu_on_the_committed_registry(capsys):
         assert "FAILED" not in out
     rc = main(["bench", "--kernel", "rmsnorm_matmul", "--workload", "prenorm_rmsnorm", "--where", "M == 524288 and K == 256"])
     out = capsys.readouterr().out
-    assert rc == 0 and "Committed results measured on nvidia_h200_sm90" in out and "rmsnorm_matmul_prenorm_rmsnorm_M_524288.md" in out
+    table = pd.read_csv(REPO / "bench" / "results" / "nvidia_h200_sm90" / "rmsnorm_matmul_prenorm_rmsnorm.csv")
+    row = table.query("M == 524288 and K == 256 and N == 256").iloc[0]
+    assert rc == 0 and "Committed GPU results (bench/results/nvidia_h200_sm90/rmsnorm_matmul_prenorm_rmsnorm.csv" in out
+    assert re.search(rf"524288 +256 +256 .* {row.rmsnorm_matmul_ms:.4g} ", out), out  # the row's committed time
+    assert len(out.splitlines()) <= 60
 
 
 @pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
 def test_bench_without_gpu_prints_the_selected_committed_rows(capsys):
     main(["bench", "--kernel", "rmsnorm_matmul", "--workload", "prenorm_rmsnorm", "--where", "M == 65536 and K == 1024"])
     out = capsys.readouterr().out
-    assert "65536x1024x512" in out and "65536x256x256" not in out and "all shown" not in out
+    assert re.search(r"65536 +1024 +512 .* \d{4}-\d\d-\d\d", out) and not re.search(r"65536 +256 +256", out)
     main(["bench", "--kernel", "rmsnorm_matmul_backward", "--workload", "prenorm_rmsnorm", "--where", "M == 65536 and K == 1024"])
     out = capsys.readouterr().out
     assert "No committed GPU results of rmsnorm_matmul_backward" in " ".join(out.split())
@@ -202,8 +206,8 @@ def test_attention_bench_without_gpu_checks_configs(capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "No CUDA GPU found" in out and "FAILED" not in out
-    assert re.search(r"nvidia_h200_sm90 +8 +128 +bfloat16 +exact", out)
-    assert "Committed results measured on nvidia_h200_sm90" in out
+    assert re.search(r"\n +8 +128 +3000 +exact +dynamic +ok +[\d.]+ +[\d.]+", out), out
+    assert "Committed GPU results (bench/results/nvidia_h200_sm90/flash_norm_attention_flash_norm_attention.csv" in out
 
 
 def test_attention_autotune_takes_workload_rows_not_shapes(capsys):
@@ -276,81 +280,47 @@ def test_cpu_report_marks_a_training_decision_carried_over_a_re_tune(capsys, reg
                "M == 262144 and K == 128 and N == 512"])
     out = capsys.readouterr().out
     assert rc == 0 and re.search(r"262144 +128 +512 .* fused; training: unfused\* +ok", out), out
-    assert "*: measured before the entry's last re-tune" in " ".join(out.split())
+    assert "*: measured with the config the entry had before its last re-tune" in " ".join(out.split())
     assert max(len(line) for line in out.splitlines()) <= 120
 
 
 @pytest.mark.ref_mode  # the no-GPU behaviour: CPU session only
-def test_committed_rows_re_tuned_since_the_benchmark_are_named(registry_dir, tmp_path):
-    """A committed result row whose registry entry is newer than the benchmark is flagged (its
-    times are not the shipped config's); older entries, rows without entries, and a file
-    without a date are not."""
-    import json
-
-    import pandas as pd
-
-    from helion_kernels.results import _retuned_since
-    from helion_kernels.techniques import get_spec
-
-    spec = get_spec("matmul_rmsnorm")
-    cfg = helion.Config(block_sizes=[16, 64, 64], num_warps=4, num_stages=3)
-    for shape, tuned_at in ((Shape(64, 64, 64), "2026-12-01T22:43:30+00:00"),
-                            (Shape(64, 128, 128), "2026-11-29T10:00:00+00:00")):
-        registry.save_entry(spec.name, "g_sm90", registry.Entry(shape, "bfloat16", cfg, {"tuned_at": tuned_at}))
-    df = pd.DataFrame({"M": [64, 64, 64, float("nan")], "K": [64, 128, 256, 64], "N": [64, 128, 256, 64],
-                       "dtype": ["bfloat16"] * 4})
-    path = tmp_path / "result.csv"
-    path.with_suffix(".json").write_text(json.dumps({"date": "2026-11-30T01:52:54+00:00"}))
-    def date():
-        return results.result_meta(path).get("date")
-
-    assert _retuned_since(df, date(), spec, "g_sm90") == [True, False, False, False]
-    path.with_suffix(".json").write_text(json.dumps({"date": "2026-12-01T23:00:00+01:00"}))  # 22:00 UTC
-    assert _retuned_since(df, date(), spec, "g_sm90") == [True, False, False, False]  # times, not strings
-    for meta in ({}, []):
-        path.with_suffix(".json").write_text(json.dumps(meta))
-        assert _retuned_since(df, date(), spec, "g_sm90") is None
-
-
-def test_committed_tables_show_the_dispatched_path_in_m_order():
-    """The CPU summary of a committed table says which path the op runs on each row (a fused
-    kernel slower than unfused is not what a call runs there), and files go by M's value."""
-    import pandas as pd
-
-    from helion_kernels.results import _committed_summary, natural_key as _natural
-    from helion_kernels.techniques import get_spec
-
-    results = Path(__file__).resolve().parent.parent / "bench" / "results" / "nvidia_h200_sm90"
-    path = results / "rmsnorm_matmul_prenorm_rmsnorm_M_65536.csv"
-    df = pd.read_csv(path)
-    table = _committed_summary(df, path, get_spec("rmsnorm_matmul"))
-    assert "runs" in table and "runs_speedup" in table
-    lines = table.splitlines()[1:]
-    assert len(lines) == len(df)
-    for line, choice in zip(lines, df["dispatch"]):
-        assert line.split()[-2] == choice
-    names = ["x_M_131072.csv", "x_M_65536.csv", "x_M_524288.csv"]
-    assert sorted(names, key=lambda n: _natural(Path(n))) == ["x_M_65536.csv", "x_M_131072.csv", "x_M_524288.csv"]
-
-
-def test_committed_rows_whose_decision_changed_since_are_named(registry_dir):
-    """A committed benchmark records the path the op took then; where the registry's exact entry
-    names another path now, the CPU bench says so (then / now), and only there."""
-    import pandas as pd
-
-    from helion_kernels.results import _decisions_changed
+def test_committed_rows_re_tuned_or_re_decided_since_are_starred(registry_dir):
+    """A committed result row whose exact registry entry is newer than the row (its times are not
+    the shipped config's), or now records another path than the row's ``dispatch``, is starred;
+    older entries, rows without entries and rows without a shape are not."""
+    from helion_kernels.results import _stale
     from helion_kernels.techniques import get_spec
 
     spec = get_spec("matmul_layernorm_split_n")
     liger = {"choice": "unfused", "unfused": "cublas+liger_norm", "fused_ms": 2.0, "unfused_ms": 1.0}
     compiled = {**liger, "unfused": "cublas+inductor_norm"}
-    for n, record in ((512, liger), (1024, compiled)):
+    for n, tuned_at, record in ((64, "2026-12-01T22:43:30+00:00", compiled), (128, "2026-11-29T10:00:00+00:00", compiled),
+                                (512, "2026-11-29T10:00:00+00:00", liger)):
         registry.save_entry(spec.name, "g_sm90", registry.Entry(Shape(64, 32, n), "bfloat16", {"block_sizes": [16]},
-                                                                 {"dispatch": record}))
-    df = pd.DataFrame({"M": 64, "K": 32, "N": [512, 1024, 2048], "dtype": "bfloat16",
-                       "dispatch": ["unfused", "unfused", "unfused"]})
-    assert _decisions_changed(df, spec, "g_sm90") == ["64x32x512: then unfused, now unfused (Liger norm)"]
-    assert _decisions_changed(df.drop(columns="dispatch"), spec, "g_sm90") == []
+                                                                 {"tuned_at": tuned_at, "dispatch": record}))
+    df = pd.DataFrame({"M": 64, "K": 32, "N": [64, 128, 512, 1024], "dtype": "bfloat16", "dispatch": "unfused"})
+    dates = pd.to_datetime(pd.Series(["2026-11-30T01:52:54+00:00"] * 4), utc=True)
+    assert _stale(df, dates, spec, "g_sm90") == [True, False, True, False]
+    later = pd.to_datetime(pd.Series(["2026-12-01T23:00:00+01:00"] * 4), utc=True)  # 22:00 UTC: times, not strings
+    assert _stale(df, later, spec, "g_sm90") == [True, False, True, False]
+    assert _stale(df.drop(columns="dispatch"), dates, spec, "g_sm90") == [True, False, False, False]
+    assert _stale(df.drop(columns="M"), dates, spec, "g_sm90") == [False] * 4
+
+
+def test_committed_rows_follow_the_table():
+    """The CPU report's committed columns: one row per shape of the op's one table, the kernel's
+    time and the fastest unfused pipeline's, and their ratio."""
+    from helion_kernels.results import committed
+    from helion_kernels.techniques import get_spec
+
+    table = pd.read_csv(REPO / "bench" / "results" / "nvidia_h200_sm90" / "rmsnorm_matmul_prenorm_rmsnorm.csv")
+    found = committed(get_spec("rmsnorm_matmul"), "prenorm_rmsnorm", "nvidia_h200_sm90")
+    assert len(found) == len(table) == 30 and list(found.M) == list(table.M)
+    assert (found.fused_ms == table.rmsnorm_matmul_ms).all()
+    assert found.best_unfused_ms.le(table["cublas+inductor_norm_ms"]).all()
+    assert found.speedup.round(6).equals((found.best_unfused_ms / found.fused_ms).round(6))
+    assert committed(get_spec("rmsnorm_matmul"), "no_such_workload", "nvidia_h200_sm90") is None
 
 
 def test_time_limit_becomes_the_sweeps_deadline_and_is_reported(capsys, monkeypatch, registry_dir):

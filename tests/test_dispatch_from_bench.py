@@ -127,8 +127,7 @@ def test_skips_rows_whose_entry_was_tuned_after_the_benchmark(tmp_path, run):
     csv = tmp_path / "bench.csv"
     pd.DataFrame({"M": [late[0], early[0]], "K": [late[1], early[1]], "N": [late[2], early[2]],
                   "dtype": ["bfloat16"] * 2, "check": ["ok"] * 2, f"{KERNEL}_ms": [0.5, 0.5],
-                  "cublas+inductor_norm_ms": [1.0, 1.0]}).to_csv(csv, index=False)
-    csv.with_suffix(".json").write_text(json.dumps({"date": "2026-12-02T06:00:00+00:00"}))
+                  "cublas+inductor_norm_ms": [1.0, 1.0], "measured_at": "2026-12-02T06:00:00+00:00"}).to_csv(csv, index=False)
 
     result = run(csv, tmp_path)
     assert result.returncode == 0, result.stderr
@@ -244,12 +243,11 @@ BENCHMARKED = {
 @pytest.mark.parametrize("kernel", sorted(BENCHMARKED))
 def test_committed_records_are_those_of_the_newest_benchmark(kernel):
     """The committed registry's decisions are the rule applied to the newest committed benchmark
-    of each row (the whole table's file, or a ``--where`` file re-run after it), wherever that
+    of each row (its op's one table of the workload), wherever that
     benchmark ran after the entry was tuned; an entry re-tuned since keeps its tuning's decision.
     After re-running a benchmark, re-derive with the script (oldest file first)."""
     workloads, expected_rows = BENCHMARKED[kernel]
-    files = [csv for workload in workloads
-             for csv in (REPO / "bench" / "results" / GPU).glob(f"{kernel}_{workload}*.csv")]
+    files = [REPO / "bench" / "results" / GPU / f"{kernel}_{workload}.csv" for workload in workloads]
     assert _newest_records_checked(kernel, files, "dispatch") == expected_rows, kernel
 
 
@@ -264,7 +262,7 @@ TRAINING_BENCHMARKED = {"matmul_layernorm": 16, "matmul_rmsnorm": 16}
 def test_committed_training_records_are_those_of_the_newest_training_benchmark(kernel):
     """As above, for the ``dispatch_training`` records and the training-forward tables; an entry
     re-tuned since holds the record carried from the config that benchmark timed."""
-    files = list((REPO / "bench" / "results" / GPU).glob(f"{kernel}_training_forward_*.csv"))
+    files = [REPO / "bench" / "results" / GPU / f"{kernel}_training_forward_postnorm_fullrow.csv"]
     checked = _newest_records_checked(kernel, files, registry.TRAINING_DISPATCH, carried=True)
     assert checked == TRAINING_BENCHMARKED[kernel], kernel
 
@@ -278,9 +276,9 @@ def _newest_records_checked(kernel: str, files: list[Path], field: str, carried:
     committed = _entries(REPO / "configs" / GPU / f"{kernel}.json")
     newest = {}  # (M, K, N, dtype) -> (date, expected record, file)
     for csv in sorted(files):
-        date = results.timestamp(results.result_meta(csv).get("date"))
-        assert date is not None, csv  # every benchmark file has its .json with a date
         for row in decisions(pd.read_csv(csv), kernel).itertuples(index=False):
+            date = results.timestamp(row.measured_at)
+            assert date is not None, csv  # every row records when it ran
             key = (row.M, row.K, row.N, row.dtype)
             if row.record is not None and (key not in newest or date > newest[key][0]):
                 newest[key] = (date, row.record, csv.name)

@@ -1,7 +1,7 @@
 """Jagged GDPA and FlashNormAttention (forward): reference mode, Triton interpreter, errors.
 
 Under the Triton interpreter the jagged loops need one of the conftest work-arounds (a
-loaded offset as a loop bound); CUDA tests run both kernels on a GPU.
+loaded offset as a loop bound); CUDA tests run both ops on a GPU.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import helion
 import pytest
 import torch
 
-from flash_norm_attention_all_heads import flash_norm_attention_all_heads_kernel  # bench/variants
 from helion_kernels import flash_norm_attention, gdpa, runtime
 from helion_kernels.techniques.attention.kernels import flash_norm_attention_kernel, flash_norm_attention_reference
 from helion_kernels.techniques.attention.kernels import gdpa_kernel, gdpa_reference, random_jagged_inputs
@@ -70,23 +69,6 @@ def test_flash_norm_attention_matches_fp64(heads, dim, affine, activation, dtype
                                activation=activation, qk_scale=0.5)
     ref = flash_norm_attention_reference(q.double(), k.double(), v.double(), qo, ko,
                                          *[None if p is None else p.double().view(heads, dim) for p in params],
-                                         1e-5, 0.5, activation)
-    _check_per_sequence(out, ref, qo, dtype)
-
-
-@pytest.mark.ref_mode
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
-def test_all_heads_kernel_matches_fp64(affine, activation, dtype, device):
-    """The all-heads alternative (the public function runs the per-head kernel)."""
-    q, k, v, qo, ko = _inputs(dtype, device, 2, 3, 64)
-    params = [None if p is None else p.view(3, 64) for p in
-              (_affine(3, 64, dtype, device, 3) if affine else (None, None, None))]
-    out = flash_norm_attention_all_heads_kernel(q, k, v, qo, ko, 37, *params, 1e-5, 0.5,
-                                               ACTIVATIONS.index(activation))
-    ref = flash_norm_attention_reference(q.double(), k.double(), v.double(), qo, ko,
-                                         *[None if p is None else p.double() for p in params],
                                          1e-5, 0.5, activation)
     _check_per_sequence(out, ref, qo, dtype)
 
@@ -202,7 +184,7 @@ def test_generated_code_for_kv_tiles_up_to_the_limit():
     q, k, v, qo, ko = _inputs(torch.float16, "cpu", 10, heads=2, dim=128)
     w = torch.ones(2, 128, dtype=torch.float16)
     args = (q, k, v, qo, ko, 37, w, w, w, 1e-5, 1.0, 0)
-    for kernel in (flash_norm_attention_all_heads_kernel, flash_norm_attention_kernel):
+    for kernel in (flash_norm_attention_kernel,):
         bound = kernel.bind(args)
         for cfg in (helion.Config(block_sizes=[16, 32], num_warps=4),
                     helion.Config(block_sizes=[MAX_SEQ_LEN_KV, 16], num_warps=8, num_stages=2)):
@@ -238,10 +220,9 @@ def test_generated_code_under_the_interpreter(heads, activation):
     args = (q, k, v, qo, ko, 33, w, b, r, 1e-5, 0.7, index)
     ref = flash_norm_attention_reference(q.double(), k.double(), v.double(), qo, ko, w.double(),
                                          b.double(), r.double(), 1e-5, 0.7, activation)
-    for kernel in (flash_norm_attention_all_heads_kernel, flash_norm_attention_kernel):
-        bound = kernel.bind(args)
-        bound.set_config(helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1))
-        _check_per_sequence(bound(*args), ref, qo, dtype)
+    bound = flash_norm_attention_kernel.bind(args)
+    bound.set_config(helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1))
+    _check_per_sequence(bound(*args), ref, qo, dtype)
 
 
 @pytest.mark.cuda
@@ -260,10 +241,6 @@ def test_cuda_both_kernels(activation, registry_dir):
     hd = [p.view(4, 128) for p in params]
     ref = flash_norm_attention_reference(q, k, v, qo, ko, *hd, 1e-5, 1.0, activation)
     _check_per_sequence(out, ref, qo, torch.bfloat16)
-    args = (q, k, v, qo, ko, 37, *hd, 1e-5, 1.0, ACTIVATIONS.index(activation))
-    other = flash_norm_attention_all_heads_kernel.bind(args)
-    other.set_config(helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1))
-    _check_per_sequence(other(*args), ref, qo, torch.bfloat16)
 
 
 @pytest.mark.ref_mode

@@ -4,7 +4,6 @@ current."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -49,10 +48,12 @@ def test_committed_report_is_current(tmp_path):
 
 def _bench_file(folder: Path, stem: str, date: str | None, rows: list[dict], kernel: str = "rmsnorm_matmul",
                 balanced: bool = False) -> None:
-    pd.DataFrame(rows).to_csv(folder / f"{stem}.csv", index=False)
+    """A result table whose rows record their run (kernel, date, column order); an undated one
+    records none of it."""
+    df = pd.DataFrame(rows)
     if date is not None:
-        meta = {"date": date, "kernel": kernel, **({"column_order": "in order, then reversed"} if balanced else {})}
-        (folder / f"{stem}.json").write_text(json.dumps(meta))
+        df = df.assign(kernel=kernel, measured_at=date, order="balanced" if balanced else "one order")
+    df.to_csv(folder / f"{stem}.csv", index=False)
 
 
 def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_folders(tmp_path, monkeypatch):
@@ -84,7 +85,7 @@ def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_f
     plain = {"dtype": "bfloat16", "matmul_ms": 1.1, "cublas_mm_ms": 1.0}
     _bench_file(results / GPU, "plain", "2026-01-01T00:00:00+00:00", [{"M": 262144, "K": 128, "N": 128, **plain}],
                 kernel="matmul")
-    # ... and one without its .json: the kernel is read from the first timing column
+    # ... and one undated, without a kernel column: the kernel is read from the first timing column
     _bench_file(results / GPU, "plain_undated", None, [{"M": 131072, "K": 256, "N": 256, **plain}])
     # 65536x1024x1024 timed alone before its entry was tuned (not counted) and after; 65536x512x512
     # misses beside a fused kernel and meets alone: the runs beside a fused kernel judge it
@@ -148,10 +149,9 @@ def test_newest_timed_measurement_wins_and_single_runs_stray_files_and_missing_f
                 (65536, 512, 512), (131072, 256, 256), (131072, 512, 512)]
     assert (df.drop(index=measured).status == "not measured").all()
 
-    # a stray empty table and a malformed .json are named and left out; the report goes on
+    # a stray empty table and one with a column the reader adds are named and left out; the report goes on
     (results / GPU / "stray.csv").write_text("")
-    _bench_file(results / GPU, "broken", None, [{**row, "M": 131072, "helion_gemm_vs_cublas": 1.0}])
-    (results / GPU / "broken.json").write_text("{not json")
+    _bench_file(results / GPU, "broken", None, [{**row, "M": 131072, "helion_gemm_vs_cublas": 1.0, "file": "x"}])
     (results / GPU / "folder.csv").mkdir()  # not a file: named and left out too
     done = run_bench_script("gemm_ceiling", "--gpu", GPU, "--results", results, "--configs", configs,
                             "--out", tmp_path / "b")

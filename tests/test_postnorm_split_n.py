@@ -1,6 +1,5 @@
 """Split-N post-norm, the row sweep (what ``matmul_{layernorm,rmsnorm}_split_n`` run): one
-program per row block walks its N tiles, then re-reads them. The last-tile-in-registers
-variant (``bench/variants/row_sweep_last_tile.py``, measured, not shipped) is tested beside it.
+program per row block walks its N tiles, then re-reads them.
 
 Reference mode checks the math (one tile per dimension there); the Triton interpreter runs
 explicit tilings with several N tiles per row, a partial last N tile and M not a multiple
@@ -14,7 +13,6 @@ import helion
 import pytest
 import torch
 
-import row_sweep_last_tile as last_tile  # bench/variants
 from helion_kernels import runtime
 from helion_kernels.bench_specs import bench_spec
 from helion_kernels.techniques.postnorm.kernels import LAYERNORM, RMSNORM
@@ -61,12 +59,9 @@ class _OneNorm:
         return Bound()
 
 
-# (LayerNorm kernel, RMSNorm kernel): the shipped pair and the last-tile-in-registers pair.
-PAIRS = [
-    (_OneNorm(LAYERNORM), _OneNorm(RMSNORM)),
-    (last_tile.matmul_layernorm_row_sweep_last_tile_kernel, last_tile.matmul_rmsnorm_row_sweep_last_tile_kernel),
-]
-PAIR_IDS = ["shipped", "last_tile"]
+# (LayerNorm kernel, RMSNorm kernel): the shipped kernel with the norm fixed.
+PAIRS = [(_OneNorm(LAYERNORM), _OneNorm(RMSNORM))]
+PAIR_IDS = ["shipped"]
 
 
 def _run(kernel, args, config):

@@ -1,10 +1,9 @@
 """``bench/prenorm_stats_bound.py``: the most the deferred pre-norm can save when it reads `a`
-for its own statistics, from the committed benchmarks; the arithmetic, the newest benchmark per
+for its own statistics, from the committed benchmarks; the arithmetic, the newest run per
 row, the in-loop variant's deterministic tilings only, and the committed report current."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -29,9 +28,10 @@ def test_committed_report_is_current(tmp_path):
             "run python bench/prenorm_stats_bound.py after changing the pre-norm benchmarks"
 
 
-def _bench(folder: Path, stem: str, kernel: str, date: str, rows: list[dict]) -> None:
-    pd.DataFrame(rows).to_csv(folder / f"{stem}.csv", index=False)
-    (folder / f"{stem}.json").write_text(json.dumps({"kernel": kernel, "date": date}))
+def _bench(folder: Path, kernel: str, runs: list[tuple[str, list[dict]]]) -> None:
+    """``kernel``'s one table of the pre-norm workload: the rows of each (date, rows) run."""
+    pd.concat([pd.DataFrame(rows).assign(kernel=kernel, measured_at=date) for date, rows in runs]).to_csv(
+        folder / f"{kernel}_prenorm_rmsnorm.csv", index=False)
 
 
 def test_bound_arithmetic_newest_run_and_deterministic_in_loop_only(tmp_path):
@@ -39,13 +39,12 @@ def test_bound_arithmetic_newest_run_and_deterministic_in_loop_only(tmp_path):
     (folder / "variants").mkdir(parents=True)
     row = {"M": 1_000_000, "K": 1024, "N": 512, "dtype": "bfloat16"}
     times = {"inductor_norm_ms": 0.5, "cublas_mm_ms": 2.0, "helion_matmul_ms": 2.1}
-    _bench(folder, "rmsnorm_matmul_prenorm_rmsnorm_old", "rmsnorm_matmul", "2026-01-01T00:00:00+00:00",
-           [{**row, **times, "saved_vs_cublas_inductor_pct": 99.0}])
-    _bench(folder, "rmsnorm_matmul_prenorm_rmsnorm_new", "rmsnorm_matmul", "2026-02-01T00:00:00Z",
-           [{**row, **times, "saved_vs_cublas_inductor_pct": 30.0},
-            {**row, "K": 256, **times, "saved_vs_cublas_inductor_pct": 50.0}])  # K < 1024: left out
-    _bench(folder, "rmsnorm_matmul_given_rstd_prenorm_rmsnorm_x", "rmsnorm_matmul_given_rstd",
-           "2026-02-01T00:00:00+00:00", [{**row, **times, "saved_vs_cublas_inductor_pct": 70.0}])
+    _bench(folder, "rmsnorm_matmul", [
+        ("2026-02-01T00:00:00Z", [{**row, **times, "saved_vs_cublas_inductor_pct": 30.0},
+                                  {**row, "K": 256, **times, "saved_vs_cublas_inductor_pct": 50.0}]),  # K < 1024: left out
+        ("2026-01-01T00:00:00+00:00", [{**row, **times, "saved_vs_cublas_inductor_pct": 99.0}])])  # older
+    _bench(folder, "rmsnorm_matmul_given_rstd",
+           [("2026-02-01T00:00:00+00:00", [{**row, **times, "saved_vs_cublas_inductor_pct": 70.0}])])
     # the fastest in-loop tiling reran nondeterministically: the fastest deterministic one is
     # taken ("mid", extra 0.3), not the one with the smallest extra ("slow", 0.1)
     pd.DataFrame([
@@ -75,7 +74,7 @@ def test_bound_arithmetic_newest_run_and_deterministic_in_loop_only(tmp_path):
     assert r.bound_two_reads_cublas_pct == pytest.approx(100 * (0.5 - stats) / 0.5, rel=1e-4)
     assert (r.in_loop_variant, r.in_loop_tiling) == ("in_loop", "mid") and r.in_loop_extra_ms == pytest.approx(0.3)
     assert r.in_loop_saved_pct == pytest.approx(100 * (2.0 + 0.5 - 2.1 - 0.3) / 0.5, rel=1e-4)
-    assert r.own_stats_saved_pct == 30.0 and r.own_stats_file == "rmsnorm_matmul_prenorm_rmsnorm_new.csv"
+    assert r.own_stats_saved_pct == 30.0 and r.own_stats_file == "rmsnorm_matmul_prenorm_rmsnorm.csv"
     assert r.given_rstd_saved_pct == 70.0
     assert not r.two_reads_can_meet_aim  # (0.5 - 0.512) / 0.5 < 0
     md = (tmp_path / "out" / "prenorm_stats_bound.md").read_text()
@@ -83,7 +82,7 @@ def test_bound_arithmetic_newest_run_and_deterministic_in_loop_only(tmp_path):
     assert "committed benchmarks" not in md
 
     # no given-rstd benchmark: its columns are blank, the rest as before; a fast enough HBM meets the aim
-    for path in folder.glob("rmsnorm_matmul_given_rstd_*"):
+    for path in folder.glob("rmsnorm_matmul_given_rstd_prenorm_rmsnorm.csv"):
         path.unlink()
     df = _run("--gpu", GPU, "--results", tmp_path / "results", "--hbm-tbps", "100", "--out", tmp_path / "out2")
     r = df.iloc[0]
@@ -94,6 +93,8 @@ def test_bound_arithmetic_newest_run_and_deterministic_in_loop_only(tmp_path):
 
 def test_clear_errors(tmp_path):
     done = run_bench_script("prenorm_stats_bound", "--results", tmp_path, "--out", tmp_path / "out")
+    assert done.returncode == 2 and "has no ceilings.csv: pass --hbm-tbps" in done.stderr
+    done = run_bench_script("prenorm_stats_bound", "--results", tmp_path, "--hbm-tbps", "4", "--out", tmp_path / "out")
     assert done.returncode == 2 and "no rmsnorm_matmul benchmark" in done.stderr and "Traceback" not in done.stderr
     for value in ("0", "-1", "nan", "inf"):
         done = run_bench_script("prenorm_stats_bound", "--hbm-tbps", value, "--out", tmp_path / "out")
@@ -105,7 +106,7 @@ def test_clear_errors(tmp_path):
     assert done.returncode == 2 and "is a file, not a folder" in done.stderr
     # an unreadable benchmark table is named, not blamed on --where
     (tmp_path / GPU).mkdir()
-    (tmp_path / GPU / "rmsnorm_matmul_prenorm_rmsnorm_zz.csv").write_text("")
-    done = run_bench_script("prenorm_stats_bound", "--results", tmp_path, "--out", tmp_path / "out")
-    assert done.returncode == 2 and "rmsnorm_matmul_prenorm_rmsnorm_zz.csv" in done.stderr
+    (tmp_path / GPU / "rmsnorm_matmul_prenorm_rmsnorm.csv").write_text("")
+    done = run_bench_script("prenorm_stats_bound", "--results", tmp_path, "--hbm-tbps", "4", "--out", tmp_path / "out")
+    assert done.returncode == 2 and "rmsnorm_matmul_prenorm_rmsnorm.csv" in done.stderr
     assert "--where 'K" not in done.stderr and "Traceback" not in done.stderr

@@ -382,34 +382,21 @@ def test_timestamp_reads_both_iso_forms_and_nothing_else():
     assert results.timestamp(None) is None and results.timestamp("") is None and results.timestamp("soon") is None
 
 
-def test_result_meta_reads_the_json_beside_a_result_table(tmp_path):
-    """The benchmark's ``<stem>.json`` beside ``<stem>.csv``; {} where there is none or it holds
-    no object (the reports then say the date is unknown)."""
-    csv = tmp_path / "matmul_bench.csv"
-    assert results.result_meta(csv) == {}
-    csv.with_suffix(".json").write_text(json.dumps({"kernel": "matmul", "date": "2026-12-02T12:23:00Z"}))
-    meta = results.result_meta(csv)
-    assert meta["kernel"] == "matmul" and results.timestamp(meta["date"]) is not None
-    csv.with_suffix(".json").write_text("[1, 2]")
-    assert results.result_meta(csv) == {}
-
-
 def test_result_rows_and_newest_rows(tmp_path, capsys):
-    """The reports' one reader of benchmark tables: each row tagged with its table's kernel, file
-    and date; per key the newest table's row, an undated table counting as oldest and the later
-    table winning a tie; an unreadable table raises, or is named and left out when asked."""
-    def table(name, rows, meta=None):
+    """The reports' one reader of benchmark tables: each row with its kernel, date (its own
+    ``measured_at``) and file; per key the newest row, an undated row counting as oldest and the
+    later row winning a tie; an unreadable table raises, or is named and left out when asked."""
+    def table(name, rows, **columns):
         csv = tmp_path / f"{name}.csv"
-        pd.DataFrame(rows).to_csv(csv, index=False)
-        if meta is not None:
-            csv.with_suffix(".json").write_text(json.dumps(meta))
+        pd.DataFrame(rows).assign(**columns).to_csv(csv, index=False)
         return csv
 
     row = {"M": 64, "K": 32, "N": 16}
     undated = table("undated", [{**row, "ms": 1.0}])
-    old = table("old", [{**row, "ms": 2.0}, {**row, "N": 8, "ms": 2.5}], {"kernel": "matmul", "date": "2026-01-01T00:00:00Z"})
-    new = table("new", [{**row, "ms": 3.0}], {"kernel": "matmul", "date": "2026-02-01T00:00:00+00:00"})
-    tie = table("tie", [{**row, "ms": 4.0}], {"kernel": "matmul", "date": "2026-02-01T00:00:00Z"})
+    old = table("old", [{**row, "ms": 2.0}, {**row, "N": 8, "ms": 2.5}], kernel="matmul",
+                measured_at="2026-01-01T00:00:00Z")
+    new = table("new", [{**row, "ms": 3.0}], kernel="matmul", measured_at="2026-02-01T00:00:00+00:00")
+    tie = table("tie", [{**row, "ms": 4.0}], kernel="matmul", measured_at="2026-02-01T00:00:00Z")
     rows = results.result_rows([undated, new, old])
     assert list(rows.file) == ["undated.csv", "new.csv", "old.csv", "old.csv"]
     assert rows.kernel.isna().tolist() == [True, False, False, False] and rows.measured_at.isna().tolist()[0]
@@ -419,15 +406,13 @@ def test_result_rows_and_newest_rows(tmp_path, capsys):
     assert results.newest_rows(results.result_rows([new, tie]), ["M", "K", "N"]).ms.tolist() == [4.0]
     assert results.newest_rows(results.result_rows([undated]), ["M"]).ms.tolist() == [1.0]
 
-    # unreadable: empty, a folder, malformed JSON beside it, a column the reader would add
+    # unreadable: empty, a folder, a column the reader would add
     empty = tmp_path / "empty.csv"
     empty.write_text("")
     folder = tmp_path / "folder.csv"
     folder.mkdir()
-    bad_json = table("bad_json", [{**row, "ms": 5.0}])
-    bad_json.with_suffix(".json").write_text("{bad")
-    clash = table("clash", [{**row, "kernel": "mine", "ms": 6.0}])
-    for path in (empty, folder, bad_json, clash):
+    clash = table("clash", [{**row, "file": "mine", "ms": 6.0}])
+    for path in (empty, folder, clash):
         with pytest.raises(results.ResultTableError, match=path.name):
             results.result_rows([path, new])
         kept = results.result_rows([path, new], skip_unreadable=True)

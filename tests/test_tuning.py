@@ -510,7 +510,7 @@ def test_a_seed_flattens_the_persistent_tile_loop(name):
     """The pre-norm GEMMs are seeded with the persistent tilings whose tile loop is flattened
     into its k-loop(s): the one Helion's search found at 131072x256x512 on the H200 (rmsnorm_matmul
     fits the GEMM seeds to its row-block form) and, for the plain GEMM's loops, the N = 128 one
-    found by bench/variants/gemm_tilings.py."""
+    found by a GEMM tiling A/B run (bench/NOTES.md)."""
     spec = get_spec(name)
     bound = spec.kernel.bind(spec.make_args(Shape(512, 512, 256), torch.bfloat16, "cpu", None))
     flattened = [c for c in spec.seed_configs if (c.config.get("range_flattens") or [None])[0]]

@@ -1,14 +1,14 @@
 """Does the plain Helion GEMM's ratio to cuBLAS depend on what is timed around it?
 
-Why: at M = 262144 the same Helion GEMM, with the same config and operands, reads 0.99-1.04x
-cuBLAS when ``helion-kernels bench --kernel matmul`` times it (columns: the GEMM, cuBLAS) and
-1.06-1.09x when the RMSNorm split-N benchmark times it as its twin (columns: the fused kernel,
-the GEMM, cuBLAS, the compiled norm, cuBLAS + compiled norm, Liger's norm, cuBLAS + Liger's
-norm); both sides move, and the H200 runs these GEMMs at its 700 W power limit
-(``bench/NOTES.md``, nineteenth session). ``bench/gemm_ceiling.py`` judges the GEMM aim by the
-runs beside a fused kernel, so which reading is the GEMM's own matters. This script times, per
-row and in one process, the GEMM and cuBLAS inside several column orders ("contexts"); each
-repeat takes every context in turn, and every column is a CUDA-graph median on rotated inputs:
+Why: at M = 262144 the same Helion GEMM, with the same config and operands, reads a different
+ratio to cuBLAS depending on the columns timed around it (on the H200, 1.002-1.016x with the GEMM
+first and 1.076-1.088x with cuBLAS first: ``bench/NOTES.md``, "How the numbers were taken";
+``bench/results/nvidia_h200_sm90/variants/gemm_timing_context.md``). The benchmarks therefore
+balance the column order; what causes the effect, and whether other GPUs show it, is open.
+``bench/gemm_ceiling.py`` judges the GEMM aim by the runs beside a fused kernel, so which reading
+is the GEMM's own matters. This script times, per row and in one process, the GEMM and cuBLAS
+inside several column orders ("contexts"); each repeat takes every context in turn, and every
+column is a CUDA-graph median on rotated inputs:
 
 - ``pair``: GEMM, cuBLAS (as ``bench --kernel matmul``)
 - ``pair_reversed``: cuBLAS, GEMM
