@@ -231,6 +231,26 @@ def rms_row_backward(dx_hat: torch.Tensor, x_hat: torch.Tensor, rstd: torch.Tens
     return rstd[:, None] * (dx_hat - x_hat * s)
 
 
+def layer_stats(a: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows' LayerNorm ``(mean, rstd)`` [M] in fp32 (the variance of the centred rows: no
+    cancellation for rows far from zero mean)."""
+    a32 = a.float()
+    mean = a32.mean(dim=1)
+    return mean, torch.rsqrt((a32 - mean[:, None]).pow(2).mean(dim=1) + eps)
+
+
+def layer_x_hat(a: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
+    """``x_hat = (a - mean[:, None]) * rstd[:, None]`` in ``a.dtype``."""
+    return ((f32(a) - mean[:, None]) * rstd[:, None]).to(a.dtype)
+
+
+def colsum_for(b: torch.Tensor) -> torch.Tensor | None:
+    """The pre-LayerNorm kernels' ``colsum`` of the GEMM's right operand ``b`` [K, N]: its
+    column sums in fp32, of ``b`` as stored (what the MMA reads); None for fp32 ``b``, whose
+    MMA rounds to TF32 (the kernels then take the mean off each ``a`` tile instead)."""
+    return None if b.dtype == torch.float32 else b.float().sum(dim=0)
+
+
 def layer_row_backward(dx_hat: torch.Tensor, x_hat: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:
     """d(input) of ``x_hat = (x - mean) * rstd`` (no affine), fp32."""
     return rstd[:, None] * (dx_hat - dx_hat.mean(dim=1, keepdim=True)

@@ -81,36 +81,53 @@ def _gemm_baselines(a: torch.Tensor, b: torch.Tensor) -> dict:
     return {"cublas_mm": lambda: torch.mm(a, b)}
 
 
-def _prenorm_baselines(a: torch.Tensor, b: torch.Tensor, eps: float) -> dict:
-    """A standalone norm, then the cuBLAS GEMM (the compiled norm, and Liger's where installed)."""
+def _prenorm_baselines(a: torch.Tensor, b: torch.Tensor, eps: float, layernorm: int = 0, colsum=None,
+                       beta=None) -> dict:
+    """A standalone norm, then the cuBLAS GEMM (with the folded LayerNorm bias in its epilogue):
+    the compiled norm, and Liger's where installed."""
     k = a.shape[1]
-    inductor_norm = torch.compile(lambda x: F.rms_norm(x, (k,), eps=eps), dynamic=False)
+    if layernorm:
+        norm = lambda x: F.layer_norm(x, (k,), eps=eps)  # noqa: E731
+    else:
+        norm = lambda x: F.rms_norm(x, (k,), eps=eps)  # noqa: E731
+    inductor_norm = torch.compile(norm, dynamic=False)
+    bias = None if beta is None else beta.to(a.dtype)
+
+    def gemm(x):
+        return torch.mm(x, b) if bias is None else torch.addmm(bias, x, b)
+
     out = {
         "cublas_mm": lambda: torch.mm(a, b),
         "inductor_norm": lambda: inductor_norm(a),
-        "cublas+inductor_norm": lambda: torch.mm(inductor_norm(a), b),
+        "cublas+inductor_norm": lambda: gemm(inductor_norm(a)),
     }
-    if a.device.type != "cuda":  # Liger's kernels are Triton kernels for GPUs
-        return out
-    try:  # optional dependency: pip install liger-kernel
-        from liger_kernel.transformers.rms_norm import LigerRMSNorm
-    except Exception:  # absent, or broken against this torch/triton: skip the baseline
-        return out
-    liger = LigerRMSNorm(k, eps=eps).to(device=a.device, dtype=a.dtype)  # weight ones: the un-affine norm
-    out["liger_norm"] = lambda: liger(a)
-    out["cublas+liger_norm"] = lambda: torch.mm(liger(a), b)
+    if layernorm:
+        liger = liger_module("LigerLayerNorm", "layer_norm", k, eps, a, bias=None)
+    else:
+        liger = liger_module("LigerRMSNorm", "rms_norm", k, eps, a)  # weight ones: the un-affine norm
+    if liger is not None:
+        out["liger_norm"] = lambda: liger(a)
+        out["cublas+liger_norm"] = lambda: gemm(liger(a))
     return out
 
 
-def _given_rstd_baselines(a: torch.Tensor, b: torch.Tensor, rstd: torch.Tensor) -> dict:
-    """The op's own unfused path with ``rstd`` given (the compiled row scaling, then cuBLAS),
-    and the user's usual one (the compiled norm with its statistics, then cuBLAS)."""
-    from .autograd import rms_x_hat
+def _given_rstd_baselines(a: torch.Tensor, b: torch.Tensor, rstd: torch.Tensor, mean=None, colsum=None,
+                          beta=None) -> dict:
+    """The op's own unfused path with the statistics given (the compiled row scaling, then
+    cuBLAS), and the user's usual one (the compiled norm with its statistics, then cuBLAS)."""
+    from .autograd import layer_x_hat, rms_x_hat
 
-    scale = torch.compile(rms_x_hat, dynamic=False)
-    out = _prenorm_baselines(a, b, EPS)
-    out.update({"inductor_scale": lambda: scale(a, rstd),
-                "cublas+inductor_scale": lambda: torch.mm(scale(a, rstd), b)})
+    layernorm = int(mean is not None)
+    if layernorm:
+        scale = torch.compile(layer_x_hat, dynamic=False)
+        scaled = lambda: scale(a, mean, rstd)  # noqa: E731
+    else:
+        scale = torch.compile(rms_x_hat, dynamic=False)
+        scaled = lambda: scale(a, rstd)  # noqa: E731
+    out = _prenorm_baselines(a, b, EPS, layernorm, colsum, beta)
+    bias = None if beta is None else beta.to(a.dtype)
+    out.update({"inductor_scale": scaled,
+                "cublas+inductor_scale": lambda: torch.mm(scaled(), b) if bias is None else torch.addmm(bias, scaled(), b)})
     return out
 
 
@@ -128,6 +145,18 @@ def _prenorm_backward_baselines(a: torch.Tensor, b: torch.Tensor, dc: torch.Tens
 def _prenorm_backward_min_bytes(shape: Shape, dtype: torch.dtype) -> int:
     """Read ``a``, ``b``, ``dc`` and ``rstd`` once; write ``da`` and ``x_hat`` once."""
     return dtype.itemsize * (3 * shape.M * shape.K + shape.K * shape.N + shape.M * shape.N) + 4 * shape.M
+
+
+def _layernorm_backward_baselines(a, b, dc, rstd, s2, mean, s1) -> dict:
+    """The cuBLAS dgrad, and it followed by the compiled LayerNorm backward over whole rows."""
+    from .techniques.prenorm.layernorm import _layer_backward, layer_dgrad
+
+    dx_hat = torch.mm(dc, b.t())
+    return {
+        "cublas_mm": lambda: torch.mm(dc, b.t()),
+        "inductor_norm_backward": lambda: run_compiled(_layer_backward, dx_hat, a, mean, rstd),
+        "cublas+inductor_norm_backward": lambda: layer_dgrad(a, b, dc, mean, rstd),
+    }
 
 
 def liger_module(class_name: str, module: str, n: int, eps: float, like: torch.Tensor, **params):
@@ -319,6 +348,17 @@ BENCH_SPECS: dict[str, BenchSpec] = {
         f"deferred pre-norm with the producer's rstd, whose cost is not timed here (technique 2, {_BLOG})",
         gemm_flops, gemm_min_bytes, _given_rstd_baselines, ("cublas+inductor_scale", *_UNFUSED_NORM),
         norm_baseline="inductor_norm", gemm_twin="matmul"),
+    "layernorm_matmul": BenchSpec(f"deferred pre-LayerNorm (technique 2, {_BLOG})", gemm_flops, gemm_min_bytes,
+                                  _prenorm_baselines, _UNFUSED_NORM, norm_baseline="inductor_norm",
+                                  gemm_twin="matmul"),
+    "layernorm_matmul_given_stats": BenchSpec(
+        f"deferred pre-LayerNorm with the producer's mean and rstd, whose cost is not timed here (technique 2, "
+        f"{_BLOG})", gemm_flops, gemm_min_bytes, _given_rstd_baselines, ("cublas+inductor_scale", *_UNFUSED_NORM),
+        norm_baseline="inductor_norm", gemm_twin="matmul"),
+    "layernorm_matmul_backward": BenchSpec(
+        "backward of the deferred pre-LayerNorm: the norm's backward in the dgrad GEMM's epilogue, its row terms "
+        "from the forward's output", gemm_flops, _prenorm_backward_min_bytes, _layernorm_backward_baselines,
+        ("cublas+inductor_norm_backward",), norm_baseline="inductor_norm_backward"),
     "rmsnorm_matmul_backward": BenchSpec(
         "backward of the deferred pre-norm: the RMSNorm backward in the dgrad GEMM's epilogue", gemm_flops,
         _prenorm_backward_min_bytes, _prenorm_backward_baselines, ("cublas+inductor_norm_backward",),

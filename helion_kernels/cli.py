@@ -271,17 +271,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_list(args: argparse.Namespace) -> int:
     print("kernels (op = registry file = --kernel):")
     for name, entry in CATALOG.items():
-        print(f"  {name:26} {entry.technique}")
+        print(f"  {name:28} {entry.technique}")
     for old, new in DEPRECATED.items():
-        print(f"  {old:26} deprecated name of {new}")
+        print(f"  {old:28} deprecated name of {new}")
     print("workloads:")
     for kind in workloads.KINDS:
         for name in workloads.list_workloads(kind):
             try:  # one bad table of the user's is reported, and the listing goes on
                 mine = ", your table in place of the shipped one" if workloads.replaces_shipped(name, kind) else ""
-                print(f"  {name:26} {len(workloads.load_workload(name, kind=kind))} rows ({kind}{mine})")
+                print(f"  {name:28} {len(workloads.load_workload(name, kind=kind))} rows ({kind}{mine})")
             except ValueError as err:
-                print(f"  {name:26} unusable ({kind}): {err}")
+                print(f"  {name:28} unusable ({kind}): {err}")
     print(f"registry (user: {registry.user_dir()}; shipped: {registry.shipped_dir()}):")
     gpus = registry.known_gpus()
     width = max([24, *map(len, gpus)])
@@ -291,10 +291,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
                 layers = registry.entries_by_layer(name, gpu)
                 merged = registry.merge_layers(layers)
             except registry.RegistryError as err:
-                print(f"  {gpu:{width}} {name:26} unusable: {err}")
+                print(f"  {gpu:{width}} {name:28} unusable: {err}")
                 continue
             if merged:
-                print(f"  {gpu:{width}} {name:26} {_count(len(merged), 'entry', 'entries')}{_layers(layers)}")
+                print(f"  {gpu:{width}} {name:28} {_count(len(merged), 'entry', 'entries')}{_layers(layers)}")
         for path in registry.unknown_files(gpu, CATALOG):
             hint = f"; its op is now {DEPRECATED[path.stem]}" if path.stem in DEPRECATED else ""
             print(f"  {gpu:{width}} {path.name}: no op of this name{hint}; ignored")

@@ -17,8 +17,10 @@ The ops take ``nn.Linear``'s [N, K] weight as its transposed view and the post-n
 read it in place (no copy per call); the pre-norm folds an RMSNorm weight into it once per
 call (a [K, N] temporary with the view's layout, never a second parameter). What runs:
 
-* :class:`RMSNormLinear`: ``rmsnorm_matmul``; the Linear bias is added after the kernel
-  (one elementwise pass over the output).
+* :class:`RMSNormLinear`, :class:`LayerNormLinear`: ``rmsnorm_matmul`` /
+  ``layernorm_matmul``; the Linear bias is added after the kernel (one elementwise pass over
+  the output). :class:`AddRMSNormLinear`, :class:`AddLayerNormLinear`: the block's residual
+  add too (``add_rmsnorm_matmul`` / ``add_layernorm_matmul``), returning ``h`` beside the output.
 * :class:`LinearLayerNorm`, :class:`LinearRMSNorm`: ``matmul_layernorm`` /
   ``matmul_rmsnorm`` (fused or cuBLAS + inductor norm, as the registry decided), with the
   Linear bias and the optional residual added to the fp32 accumulator before the norm's
@@ -39,9 +41,10 @@ from torch import nn
 
 from .techniques.attention import flash_norm_attention
 from .techniques.postnorm import matmul_layernorm, matmul_rmsnorm
-from .techniques.prenorm import rmsnorm_matmul
+from .techniques.prenorm import add_layernorm_matmul, add_rmsnorm_matmul, layernorm_matmul, rmsnorm_matmul
 
-__all__ = ["FlashNormAttention", "LinearLayerNorm", "LinearRMSNorm", "RMSNormLinear"]
+__all__ = ["AddLayerNormLinear", "AddRMSNormLinear", "FlashNormAttention", "LayerNormLinear", "LinearLayerNorm",
+           "LinearRMSNorm", "RMSNormLinear"]
 
 
 def _check_x(module: nn.Module, x) -> None:
@@ -116,6 +119,13 @@ class _NormLinearPair(nn.Module):
         self.norm, self.linear = norm, linear
 
     @classmethod
+    def _build(cls, in_features: int, out_features: int, linear_bias: bool, device, dtype, **norm_args):
+        """A new (norm, linear) pair: the norm over the Linear's ``_normalized`` features."""
+        features = in_features if cls._normalized == "in_features" else out_features
+        return (cls._norm_type(features, **norm_args, device=device, dtype=dtype),
+                nn.Linear(in_features, out_features, bias=linear_bias, device=device, dtype=dtype))
+
+    @classmethod
     def from_modules(cls, norm: nn.Module, linear: nn.Linear):
         """The module over an existing pair (sharing its parameters, so the pair's
         state_dict loads into it and back).
@@ -137,7 +147,42 @@ class _NormLinearPair(nn.Module):
         return module
 
 
-class RMSNormLinear(_NormLinearPair):
+def _stat(module: nn.Module, name: str, t, lead: tuple) -> torch.Tensor | None:
+    """A given row statistic of x's leading shape, flattened to [M]; None stays None.
+
+    Raises:
+        ValueError: not a tensor of x's leading shape.
+    """
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != tuple(lead):
+        got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{type(module).__name__}: {name} must have x's leading shape {tuple(lead)}, got {got}")
+    return t.reshape(-1)
+
+
+class _PreNormLinear(_NormLinearPair):
+    """``linear(norm(x))``: the pre-norm modules' shared forward over ``_op``."""
+
+    _normalized = "in_features"
+
+    def _op(self, a: torch.Tensor, weight: torch.Tensor, eps: float, **stats) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _forward(self, x: torch.Tensor, **stats) -> torch.Tensor:
+        _check_x(self, x)
+        gemm_dtype, norm_dtype = _compute_dtypes(x, self.norm, "x")
+        lead, k = x.shape[:-1], x.shape[-1]
+        stats = {name: _stat(self, name, t, lead) for name, t in stats.items()}
+        with torch.autocast(x.device.type, enabled=False):
+            weight = self.linear.weight.to(gemm_dtype).t()  # [K, N] view of the [N, K] weight
+            y = self._op(x.reshape(-1, k).to(gemm_dtype), weight, _eps(self.norm, norm_dtype), **stats)
+            if self.linear.bias is not None:
+                y = y + self.linear.bias.to(gemm_dtype)
+        return y.reshape(*lead, y.shape[-1])
+
+
+class RMSNormLinear(_PreNormLinear):
     """``linear(norm(x))`` with ``norm = nn.RMSNorm(K)``, ``linear = nn.Linear(K, N)``: the
     deferred pre-norm (technique 2), one kernel.
 
@@ -150,13 +195,11 @@ class RMSNormLinear(_NormLinearPair):
     """
 
     _norm_type = nn.RMSNorm
-    _normalized = "in_features"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, eps: float | None = None,
                  elementwise_affine: bool = True, device=None, dtype=None) -> None:
-        super().__init__(nn.RMSNorm(in_features, eps=eps, elementwise_affine=elementwise_affine, device=device,
-                                    dtype=dtype),
-                         nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype))
+        super().__init__(*self._build(in_features, out_features, bias, device, dtype, eps=eps,
+                                      elementwise_affine=elementwise_affine))
 
     def forward(self, x: torch.Tensor, rstd: torch.Tensor | None = None) -> torch.Tensor:
         """``linear(norm(x))``; ``rstd`` [...] fp32 (x's leading dims), when whatever produced
@@ -167,21 +210,138 @@ class RMSNormLinear(_NormLinearPair):
             TypeError: ``x`` not a tensor.
             ValueError: ``x`` 0-d, or ``rstd`` not of x's leading shape; the op's own errors otherwise.
         """
+        return self._forward(x, rstd=rstd)
+
+    def _op(self, a, weight, eps, rstd=None):
+        return rmsnorm_matmul(a, weight, self.norm.weight, eps, rstd=rstd)
+
+
+class LayerNormLinear(_PreNormLinear):
+    """``linear(norm(x))`` with ``norm = nn.LayerNorm(K)``, ``linear = nn.Linear(K, N)``: the
+    deferred pre-LayerNorm (``layernorm_matmul``, technique 2).
+
+    Args:
+        in_features, out_features: K and N.
+        bias: whether the Linear has a bias.
+        eps, elementwise_affine, norm_bias: as ``nn.LayerNorm``'s eps, elementwise_affine, bias.
+
+    Shapes: ``x`` [..., K] -> [..., N].
+    """
+
+    _norm_type = nn.LayerNorm
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, eps: float = 1e-5,
+                 elementwise_affine: bool = True, norm_bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__(*self._build(in_features, out_features, bias, device, dtype, eps=eps,
+                                      elementwise_affine=elementwise_affine, bias=norm_bias))
+
+    def forward(self, x: torch.Tensor, mean: torch.Tensor | None = None,
+                rstd: torch.Tensor | None = None) -> torch.Tensor:
+        """``linear(norm(x))``; ``mean``, ``rstd`` [...] fp32 (x's leading dims, both or neither)
+        when whatever produced ``x`` already computed its rows' LayerNorm statistics.
+
+        Raises:
+            TypeError: ``x`` not a tensor.
+            ValueError: ``x`` 0-d, a statistic not of x's leading shape; the op's own errors otherwise.
+        """
+        return self._forward(x, mean=mean, rstd=rstd)
+
+    def _op(self, a, weight, eps, mean=None, rstd=None):
+        return layernorm_matmul(a, weight, self.norm.weight, self.norm.bias, eps, mean=mean, rstd=rstd)
+
+
+class _AddNormLinear(_NormLinearPair):
+    """``(linear(norm(x + residual)), x + residual)``: the pre-norm block's add, norm and
+    Linear, over ``add_rmsnorm_matmul`` / ``add_layernorm_matmul``."""
+
+    _normalized = "in_features"
+
+    def _op(self, x, residual, weight, eps):
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(linear(norm(h)), h)`` with ``h = x + residual``, both [..., K] of one shape.
+
+        ``h`` has the dtype PyTorch gives ``x + residual``. Where that is the GEMM's dtype (no
+        autocast, or inputs already in the autocast dtype), one compiled pass writes ``h`` and
+        its statistics and the GEMM applies them; otherwise (e.g. fp32 inputs under bf16
+        autocast) the add runs apart in ``h``'s dtype, as the pair's does, and the pre-norm op
+        computes the statistics of ``h`` cast to the GEMM's dtype.
+
+        Raises:
+            TypeError: ``x`` or ``residual`` not a tensor.
+            ValueError: ``x`` 0-d, ``residual`` not of x's shape; the op's own errors otherwise.
+        """
         _check_x(self, x)
+        if not isinstance(residual, torch.Tensor):
+            raise TypeError(f"{type(self).__name__}: residual must be a torch.Tensor, got {type(residual).__name__}")
+        if residual.shape != x.shape:
+            raise ValueError(f"{type(self).__name__}: residual must have x's shape {tuple(x.shape)}, got "
+                             f"{tuple(residual.shape)}")
         gemm_dtype, norm_dtype = _compute_dtypes(x, self.norm, "x")
         lead, k = x.shape[:-1], x.shape[-1]
-        if rstd is not None:
-            if not isinstance(rstd, torch.Tensor) or tuple(rstd.shape) != tuple(lead):
-                got = tuple(rstd.shape) if isinstance(rstd, torch.Tensor) else type(rstd).__name__
-                raise ValueError(f"RMSNormLinear: rstd must have x's leading shape {tuple(lead)}, got {got}")
-            rstd = rstd.reshape(-1)
+        eps = _eps(self.norm, norm_dtype)
         with torch.autocast(x.device.type, enabled=False):
-            weight = self.linear.weight.to(gemm_dtype).t()  # [K, N] view of the [N, K] weight
-            y = rmsnorm_matmul(x.reshape(-1, k).to(gemm_dtype), weight, self.norm.weight,
-                               _eps(self.norm, norm_dtype), rstd=rstd)
+            weight = self.linear.weight.to(gemm_dtype).t()
+            if x.dtype == residual.dtype == gemm_dtype:
+                y, h = self._op(x.reshape(-1, k), residual.reshape(-1, k), weight, eps)
+            else:
+                h = (x + residual).reshape(-1, k)
+                y = self._pre_norm(h.to(gemm_dtype), weight, eps)
             if self.linear.bias is not None:
                 y = y + self.linear.bias.to(gemm_dtype)
-        return y.reshape(*lead, y.shape[-1])
+        return y.reshape(*lead, y.shape[-1]), h.reshape(x.shape)
+
+
+class AddRMSNormLinear(_AddNormLinear):
+    """``(linear(norm(x + residual)), x + residual)`` with ``norm = nn.RMSNorm(K)``, ``linear =
+    nn.Linear(K, N)``: a pre-norm block's residual add, RMSNorm and Linear
+    (:func:`~helion_kernels.add_rmsnorm_matmul`).
+
+    Args:
+        in_features, out_features: K and N.
+        bias: whether the Linear has a bias.
+        eps, elementwise_affine: as ``nn.RMSNorm``.
+
+    Shapes: ``x``, ``residual`` [..., K] -> ([..., N], [..., K]).
+    """
+
+    _norm_type = nn.RMSNorm
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, eps: float | None = None,
+                 elementwise_affine: bool = True, device=None, dtype=None) -> None:
+        super().__init__(*self._build(in_features, out_features, bias, device, dtype, eps=eps,
+                                      elementwise_affine=elementwise_affine))
+
+    def _op(self, x, residual, weight, eps):
+        return add_rmsnorm_matmul(x, residual, weight, self.norm.weight, eps)
+
+    def _pre_norm(self, h, weight, eps):
+        return rmsnorm_matmul(h, weight, self.norm.weight, eps)
+
+
+class AddLayerNormLinear(_AddNormLinear):
+    """``(linear(norm(x + residual)), x + residual)`` with ``norm = nn.LayerNorm(K)``: as
+    :class:`AddRMSNormLinear` (:func:`~helion_kernels.add_layernorm_matmul`).
+
+    Args:
+        in_features, out_features: K and N.
+        bias: whether the Linear has a bias.
+        eps, elementwise_affine, norm_bias: as ``nn.LayerNorm``'s eps, elementwise_affine, bias.
+    """
+
+    _norm_type = nn.LayerNorm
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, eps: float = 1e-5,
+                 elementwise_affine: bool = True, norm_bias: bool = True, device=None, dtype=None) -> None:
+        super().__init__(*self._build(in_features, out_features, bias, device, dtype, eps=eps,
+                                      elementwise_affine=elementwise_affine, bias=norm_bias))
+
+    def _op(self, x, residual, weight, eps):
+        return add_layernorm_matmul(x, residual, weight, self.norm.weight, self.norm.bias, eps)
+
+    def _pre_norm(self, h, weight, eps):
+        return layernorm_matmul(h, weight, self.norm.weight, self.norm.bias, eps)
 
 
 class _LinearNorm(_NormLinearPair):
@@ -244,9 +404,8 @@ class LinearLayerNorm(_LinearNorm):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, eps: float = 1e-5,
                  elementwise_affine: bool = True, norm_bias: bool = True, device=None, dtype=None) -> None:
-        super().__init__(nn.LayerNorm(out_features, eps=eps, elementwise_affine=elementwise_affine, bias=norm_bias,
-                                      device=device, dtype=dtype),
-                         nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype))
+        super().__init__(*self._build(in_features, out_features, bias, device, dtype, eps=eps,
+                                      elementwise_affine=elementwise_affine, bias=norm_bias))
 
     def _op(self, a, weight, eps, **addends):
         return matmul_layernorm(a, weight, self.norm.weight, self.norm.bias, eps, **addends)
@@ -266,9 +425,8 @@ class LinearRMSNorm(_LinearNorm):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, eps: float | None = None,
                  elementwise_affine: bool = True, device=None, dtype=None) -> None:
-        super().__init__(nn.RMSNorm(out_features, eps=eps, elementwise_affine=elementwise_affine, device=device,
-                                    dtype=dtype),
-                         nn.Linear(in_features, out_features, bias=bias, device=device, dtype=dtype))
+        super().__init__(*self._build(in_features, out_features, bias, device, dtype, eps=eps,
+                                      elementwise_affine=elementwise_affine))
 
     def _op(self, a, weight, eps, **addends):
         return matmul_rmsnorm(a, weight, self.norm.weight, eps, **addends)

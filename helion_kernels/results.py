@@ -23,8 +23,8 @@ _CHECKOUT = Path(__file__).resolve().parent.parent
 # What every row records of the run that measured it.
 PROVENANCE = ("measured_at", "commit", "command", "timer", "order", "repeats", "copy_GBps", "gemm_TFLOPs", "versions")
 # The columns that name a row (those a table has): a re-run replaces the rows with the same values.
-KEY_COLUMNS = ("kernel", "layer", "timer", "lr", "M", "K", "N", "N2", "batch", "H", "D", "max_seq_len_q",
-               "seq_len_kv", "fill", "seed", "dtype")
+KEY_COLUMNS = ("kernel", "layer", "mode", "bias", "timer", "lr", "M", "K", "N", "N2", "batch", "H", "D",
+               "max_seq_len_q", "seq_len_kv", "fill", "seed", "dtype")
 
 
 def timestamp(text) -> datetime.datetime | None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from helion_kernels import LinearLayerNorm, LinearRMSNorm, RMSNormLinear, modules
+from helion_kernels import LayerNormLinear, LinearLayerNorm, LinearRMSNorm, RMSNormLinear, modules
 from helion_kernels.verify import check_outputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -24,6 +24,8 @@ def _pair(kind: str, k: int, n: int, bias: bool, eps, dtype, seed: int):
     torch.manual_seed(seed)
     if kind == "RMSNormLinear":
         pair = nn.Sequential(nn.RMSNorm(k, eps=eps), nn.Linear(k, n, bias=bias))
+    elif kind == "LayerNormLinear":
+        pair = nn.Sequential(nn.LayerNorm(k, eps=eps or 1e-5), nn.Linear(k, n, bias=bias))
     else:
         norm = nn.LayerNorm(n, eps=eps or 1e-5) if kind == "LinearLayerNorm" else nn.RMSNorm(n, eps=eps)
         pair = nn.Sequential(nn.Linear(k, n, bias=bias), norm)
@@ -35,14 +37,17 @@ def _pair(kind: str, k: int, n: int, bias: bool, eps, dtype, seed: int):
 
 
 def _module(kind: str, pair: nn.Sequential):
-    if kind == "RMSNormLinear":
-        return RMSNormLinear.from_modules(pair[0], pair[1])
+    if kind in PRE_NORM:
+        return MODULES[kind].from_modules(pair[0], pair[1])
     return {"LinearLayerNorm": LinearLayerNorm, "LinearRMSNorm": LinearRMSNorm}[kind].from_modules(pair[1], pair[0])
 
 
-KINDS = ["RMSNormLinear", "LinearLayerNorm", "LinearRMSNorm"]
+KINDS = ["RMSNormLinear", "LayerNormLinear", "LinearLayerNorm", "LinearRMSNorm"]
+PRE_NORM = ("RMSNormLinear", "LayerNormLinear")  # norm, then Linear
+MODULES = {"RMSNormLinear": RMSNormLinear, "LayerNormLinear": LayerNormLinear, "LinearLayerNorm": LinearLayerNorm,
+           "LinearRMSNorm": LinearRMSNorm}
 # (kind, eps): nn.RMSNorm's eps=None means the dtype's epsilon; nn.LayerNorm has no None.
-KIND_EPS = [(k, e) for k in KINDS for e in (None, 1e-6) if not (k == "LinearLayerNorm" and e is None)]
+KIND_EPS = [(k, e) for k in KINDS for e in (None, 1e-6) if not ("LayerNorm" in k and e is None)]
 
 
 @ON_DEVICE
@@ -65,7 +70,7 @@ def test_matches_the_pair_forward_and_backward(kind, eps, dtype, bias):
     (ref * probe.double()).sum().backward()
     expected = {"x": x64.grad}
     for (name, p), (_, q) in zip(pair.named_parameters(), ref_pair.named_parameters()):
-        module_name = {"0": "norm", "1": "linear"}[name[0]] if kind == "RMSNormLinear" else \
+        module_name = {"0": "norm", "1": "linear"}[name[0]] if kind in PRE_NORM else \
             {"0": "linear", "1": "norm"}[name[0]]
         expected[f"{module_name}{name[1:]}"] = q.grad
     assert set(got) == set(expected)
@@ -158,12 +163,11 @@ def test_bias_and_residual_inside_the_kernel(kind, dtype, monkeypatch):
 def test_state_dict_both_ways_and_constructor(kind):
     pair = _pair(kind, 16, 8, True, 1e-5, torch.float32, seed=3)
     module = _module(kind, pair)
-    names = {"RMSNormLinear": ("norm", "linear")}.get(kind, ("linear", "norm"))
+    names = ("norm", "linear") if kind in PRE_NORM else ("linear", "norm")
     expected = {f"{names[int(k[0])]}{k[1:]}" for k in pair.state_dict()}
     assert set(module.state_dict()) == expected == {"norm.weight", "linear.weight", "linear.bias"} | (
-        {"norm.bias"} if kind == "LinearLayerNorm" else set())
-    fresh = {"RMSNormLinear": RMSNormLinear, "LinearLayerNorm": LinearLayerNorm,
-             "LinearRMSNorm": LinearRMSNorm}[kind](16, 8, eps=1e-5).to(DEVICE)
+        {"norm.bias"} if "LayerNorm" in kind else set())
+    fresh = MODULES[kind](16, 8, eps=1e-5).to(DEVICE)
     fresh.load_state_dict(module.state_dict())
     x = torch.randn(4, 16, device=DEVICE)
     torch.testing.assert_close(fresh(x), module(x))
@@ -210,7 +214,7 @@ def test_linear_weight_gradient_arrives_in_its_layout(kind):
     module(x).square().sum().backward()
     pair(x).square().sum().backward()
     assert arrived == [True]
-    check_outputs(weight.grad, pair[1 if kind == "RMSNormLinear" else 0].weight.grad, torch.float32,
+    check_outputs(weight.grad, pair[1 if kind in PRE_NORM else 0].weight.grad, torch.float32,
                   tolerance=GRAD_TOLERANCE[torch.float32])
 
 
@@ -240,7 +244,7 @@ def test_autocast_with_fp32_parameters(kind, eps):
     """fp32 parameters under bf16 autocast (on the device at hand; CPU and CUDA autocast
     differ on which norms they run in fp32): the pair's output dtype, close values, fp32
     gradients."""
-    if kind == "LinearLayerNorm" and eps is None:
+    if "LayerNorm" in kind and eps is None:
         eps = 1e-6  # nn.LayerNorm has no eps=None
     pair = _pair(kind, 256, 128, True, eps, torch.float32, seed=6)
     module = _module(kind, pair)

@@ -9,7 +9,7 @@ import torch
 from helion_kernels import fold_rmsnorm_weight, rmsnorm_matmul
 from helion_kernels.techniques.prenorm.kernels import (
     SPEC,
-    rmsnorm_matmul_kernel,
+    prenorm_matmul_kernel,
     rmsnorm_matmul_reference,
 )
 from helion_kernels.spec import Shape
@@ -25,7 +25,7 @@ ODD_SHAPES = [Shape(1, 64, 32), Shape(33, 100, 72), Shape(130, 256, 200), Shape(
 
 
 def _inputs(shape: Shape, dtype, device, seed: int, affine: bool):
-    a, b, eps = SPEC.make_args(shape, dtype, device, seed)
+    a, b, eps, _ = SPEC.make_args(shape, dtype, device, seed)
     gen = torch.Generator().manual_seed(seed + 7)
     weight = (1 + 0.5 * torch.randn(shape.K, generator=gen)).to(device=device, dtype=dtype) if affine else None
     return a, b, eps, weight
@@ -97,7 +97,7 @@ INTERPRETER_CONFIGS = [
 @pytest.mark.parametrize("shape", [Shape(33, 100, 72), Shape(1, 48, 40), Shape(64, 64, 96)], ids=str)
 def test_triton_code_for_explicit_configs(shape, config, dtype):
     args = SPEC.make_args(shape, dtype, "cpu", 5)
-    bound = rmsnorm_matmul_kernel.bind(args)
+    bound = prenorm_matmul_kernel.bind(args)
     bound.set_config(config)
     c, rstd = bound(*args)
     check_outputs((c, rstd), SPEC.reference(*args), dtype)
@@ -138,7 +138,7 @@ def test_triton_code_for_the_two_per_sm_pointer_seed():
     config = row_block_config(SEED_ROW_BLOCK_POINTER_128x128_TWO_PER_SM)
     assert config in SPEC.seed_configs
     args = SPEC.make_args(Shape(150, 200, 136), torch.float16, "cpu", 9)
-    bound = rmsnorm_matmul_kernel.bind(args)
+    bound = prenorm_matmul_kernel.bind(args)
     bound.set_config(config)
     check_outputs(bound(*args), SPEC.reference(*args), torch.float16)
 
@@ -148,6 +148,6 @@ def test_triton_code_for_the_two_per_sm_pointer_seed():
 def test_cuda_every_seed_config(index, device):
     """Each hand-picked tiling (the search's first population) is correct at an odd shape."""
     args = SPEC.make_args(Shape(1000, 384, 640), torch.bfloat16, device, stable_seed(index))
-    bound = rmsnorm_matmul_kernel.bind(args)
+    bound = prenorm_matmul_kernel.bind(args)
     bound.set_config(SPEC.seed_configs[index])
     check_outputs(bound(*args), SPEC.reference(*args), torch.bfloat16)

@@ -73,7 +73,7 @@ def test_the_op_runs_the_recorded_path(choice, decisions, monkeypatch):
     monkeypatch.setattr(runtime, "launch", lambda spec, args: seen.append(spec.name) or launch(spec, args))
     shape = Shape(33, 64, 48)
     _save(shape, "float32", choice)
-    a, b, eps = _args(shape)
+    a, b, eps, _ = _args(shape)
     out = hk.rmsnorm_matmul(a, b, eps=eps)
     assert seen == (["rmsnorm_matmul"] if choice == "fused" else [])
     check_outputs(out, rmsnorm_matmul_reference(a.double(), b.double(), eps)[0], torch.float32)

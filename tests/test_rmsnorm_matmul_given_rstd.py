@@ -11,7 +11,7 @@ import torch
 from helion_kernels import rmsnorm_matmul
 from helion_kernels.techniques.prenorm.kernels import (
     SPEC_GIVEN_RSTD,
-    rmsnorm_matmul_given_rstd_kernel,
+    prenorm_matmul_given_stats_kernel,
     rmsnorm_matmul_reference,
 )
 from helion_kernels.autograd import rms_rstd
@@ -125,7 +125,7 @@ INTERPRETER_CONFIGS = [
 @pytest.mark.parametrize("shape", [Shape(33, 100, 72), Shape(1, 48, 40)], ids=str)
 def test_triton_code_for_explicit_configs(shape, config, dtype):
     args = SPEC_GIVEN_RSTD.make_args(shape, dtype, "cpu", 5)
-    bound = rmsnorm_matmul_given_rstd_kernel.bind(args)
+    bound = prenorm_matmul_given_stats_kernel.bind(args)
     bound.set_config(config)
     check_outputs(bound(*args), SPEC_GIVEN_RSTD.reference(*args), dtype)
 

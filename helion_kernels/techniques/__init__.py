@@ -29,12 +29,20 @@ class Technique(NamedTuple):
 TECHNIQUES: tuple[Technique, ...] = (
     Technique("gemm", ("matmul",), {
         "matmul": ("SPEC", "gemm", "plain Helion GEMM (the baseline of the blog's metric)")}),
-    Technique("prenorm", ("rmsnorm_matmul", "fold_rmsnorm_weight"), {
+    Technique("prenorm", ("rmsnorm_matmul", "fold_rmsnorm_weight", "layernorm_matmul", "add_rmsnorm_matmul",
+                          "add_layernorm_matmul"), {
         "rmsnorm_matmul": ("SPEC", "gemm", "deferred pre-norm: rms_norm(a) @ b (technique 2)"),
         "rmsnorm_matmul_given_rstd": ("SPEC_GIVEN_RSTD", "gemm",
-                                      "rmsnorm_matmul(..., rstd=): (a @ b) * rstd, the producer's statistics"),
+                                      "rmsnorm_matmul(..., rstd=), add_rmsnorm_matmul: the producer's rstd"),
         "rmsnorm_matmul_backward": ("SPEC_BACKWARD", "gemm",
-                                    "rmsnorm_matmul's backward: the norm's backward in the dgrad GEMM")}),
+                                    "rmsnorm_matmul's backward: the norm's backward in the dgrad GEMM"),
+        "layernorm_matmul": ("SPEC_LAYERNORM", "gemm", "deferred pre-norm: layer_norm(a) @ b (technique 2)"),
+        "layernorm_matmul_given_stats": ("SPEC_LAYERNORM_GIVEN", "gemm",
+                                         "layernorm_matmul(..., mean=, rstd=), add_layernorm_matmul: the "
+                                         "producer's statistics"),
+        "layernorm_matmul_backward": ("SPEC_LAYERNORM_BACKWARD", "gemm",
+                                      "the pre-LayerNorm backward: the norm's backward in the dgrad GEMM's "
+                                      "epilogue, row terms from the forward's output")}),
     Technique("postnorm", ("matmul_layernorm", "matmul_rmsnorm"), {
         "matmul_layernorm": ("SPEC_LAYERNORM", "gemm",
                              "full-row post-norm: layer_norm(a @ b), N <= 2048, 1024 in fp32 (technique 1)"),

@@ -79,6 +79,6 @@ SPEC = KernelSpec(
     reference=matmul_reference,
     default_config=GEMM_DEFAULT_CONFIG,
     seed_configs=GEMM_SEED_CONFIGS,
-    same_loops_as=("rmsnorm_matmul_given_rstd",),  # its GEMM loops, an epilogue scaling rows
+    same_loops_as=("rmsnorm_matmul_given_rstd", "layernorm_matmul_given_stats"),  # its loops, an epilogue
     dynamic_m=True,
 )

@@ -1,8 +1,10 @@
-"""Deferred pre-norm (technique 2): ``rmsnorm_matmul`` = ``rms_norm(a, weight) @ b``.
+"""Deferred pre-norm (technique 2): ``rmsnorm_matmul`` = ``rms_norm(a, weight) @ b`` (here),
+``layernorm_matmul`` (:mod:`.layernorm`), and the block's residual add with either norm,
+``add_rmsnorm_matmul`` / ``add_layernorm_matmul`` (:mod:`.residual`).
 
 Source: the PyTorch blog "Towards Free Normalization: Fusing Normalization into GEMM and
-Attention Kernels" (Meta, 2026); the kernel and its reference are
-:mod:`.kernels`.
+Attention Kernels" (Meta, 2026); the kernels (one per loop nest, both norms behind a flag)
+and their references are :mod:`.kernels`.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from ...autograd import (Op, empty_like_layout, f32, gemm_operand, mm_fp32, rms_
                          run_compiled, wgrad)
 
 _kernels = runtime.LazyModule(f"{__name__}.kernels")
+LAYERNORM, RMSNORM = 1, 0  # the kernels' ``layernorm`` argument (as in .kernels, which imports Helion)
 
 
 def fold_rmsnorm_weight(weight: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -56,7 +59,7 @@ def _rmsnorm_matmul(a: torch.Tensor, b: torch.Tensor, eps: float,
     """(c, rstd, x_hat): ``x_hat`` is the unfused path's normalised ``a`` [M, K] (the cuBLAS
     GEMM's operand, already written, so the backward keeps it instead of writing it again),
     [0, K] after the fused kernel, which never writes it."""
-    args = (a.contiguous(), gemm_operand(b), eps)
+    args = (a.contiguous(), gemm_operand(b), eps, RMSNORM)
     if runtime.decide(_kernels.SPEC, args, fused).fused:
         return (*runtime.launch(_kernels.SPEC, args), a.new_empty(0, a.shape[1]))
     # cuBLAS + the standalone norm (rstd is defined when there is nothing to multiply).
@@ -78,7 +81,7 @@ def _rmsnorm_matmul_fake(a, b, eps, fused):
     # specialise them: one compilation per M. (Inductor does not CUDA-graph a graph with an
     # unbacked size, so mode="reduce-overhead" replays only the static-size graphs.)
     if all(isinstance(size, int) for size in (*a.shape, b.shape[1])):
-        rows = 0 if runtime.decide(_kernels.SPEC, (a, b, eps), fused).fused else a.shape[0]
+        rows = 0 if runtime.decide(_kernels.SPEC, (a, b, eps, RMSNORM), fused).fused else a.shape[0]
     else:
         rows = torch.library.get_ctx().new_dynamic_size()
     return (a.new_empty(a.shape[0], b.shape[1]), a.new_empty(a.shape[0], dtype=torch.float32),
@@ -367,3 +370,7 @@ def rmsnorm_matmul(
     else:
         c, rstd, _ = _OP(a, b, eps, fused)
     return (c, rstd) if return_rstd else c
+
+
+from .layernorm import layernorm_matmul  # noqa: E402, F401  (they build on the names above)
+from .residual import add_layernorm_matmul, add_rmsnorm_matmul  # noqa: E402, F401
