@@ -55,16 +55,18 @@ def same_device(op: str, *tensors: torch.Tensor) -> torch.device:
     return device
 
 
-def gemm_operands(op: str, a: object, b: object) -> None:
-    """``a`` [M, K] and ``b`` [K, N]: tensors of one supported dtype, on one device, K >= 1."""
-    for name, t in (("a", a), ("b", b)):
+def gemm_operands(op: str, a: object, b: object, names: tuple[str, str] = ("a", "b")) -> None:
+    """``a`` [M, K] and ``b`` [K, N]: tensors of one supported dtype, on one device, K >= 1
+    (``names``: the caller's argument names, for the messages)."""
+    an, bn = names
+    for name, t in ((an, a), (bn, b)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 2:
             raise ValueError(
-                f"{op}: {name} must be 2-D ({'[M, K]' if name == 'a' else '[K, N]'}), "
+                f"{op}: {name} must be 2-D ({'[M, K]' if name == an else '[K, N]'}), "
                 f"got shape {tuple(t.shape)}"
-                + ("; flatten leading dims with a.reshape(-1, K)" if name == "a" else "")
+                + (f"; flatten leading dims with {an}.reshape(-1, K)" if name == an else "")
             )
         if t.dtype not in SUPPORTED_DTYPES:
             raise TypeError(
@@ -72,13 +74,13 @@ def gemm_operands(op: str, a: object, b: object) -> None:
                 f"{', '.join(dtype_name(d) for d in SUPPORTED_DTYPES)}"
             )
     if a.dtype != b.dtype:
-        raise TypeError(f"{op}: a and b must share a dtype, got {a.dtype} and {b.dtype}")
+        raise TypeError(f"{op}: {an} and {bn} must share a dtype, got {a.dtype} and {b.dtype}")
     if a.shape[1] != b.shape[0]:
         raise ValueError(
-            f"{op}: mismatched K: a is {tuple(a.shape)} ([M, K]) but b is {tuple(b.shape)} ([K, N])"
+            f"{op}: mismatched K: {an} is {tuple(a.shape)} ([M, K]) but {bn} is {tuple(b.shape)} ([K, N])"
         )
     if a.shape[1] == 0:
-        raise ValueError(f"{op}: K must be at least 1, got a of shape {tuple(a.shape)}")
+        raise ValueError(f"{op}: K must be at least 1, got {an} of shape {tuple(a.shape)}")
     same_device(op, a, b)
 
 

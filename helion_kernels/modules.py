@@ -51,13 +51,17 @@ def _check_x(module: nn.Module, x) -> None:
     """A module's input is a tensor of at least one dimension (features last).
 
     Raises:
-        TypeError: not a tensor. ValueError: a 0-d tensor.
+        TypeError: not a tensor. ValueError: a 0-d tensor, or features other than the Linear's
+        ``in_features``.
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{type(module).__name__}: x must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() == 0:
         raise ValueError(f"{type(module).__name__}: x must have at least one dimension (the features, last), "
                          "got a 0-d tensor")
+    if x.shape[-1] != module.linear.in_features:
+        raise ValueError(f"{type(module).__name__}: x's last dimension must be in_features = "
+                         f"{module.linear.in_features}, got x of shape {tuple(x.shape)}")
 
 
 def _compute_dtypes(x: torch.Tensor, norm: nn.Module, norm_input: str,
@@ -279,6 +283,8 @@ class _AddNormLinear(_NormLinearPair):
             raise ValueError(f"{type(self).__name__}: residual must have x's shape {tuple(x.shape)}, got "
                              f"{tuple(residual.shape)}")
         gemm_dtype, norm_dtype = _compute_dtypes(x, self.norm, "x")
+        if not torch.is_autocast_enabled(x.device.type):  # the pair's GEMM runs in h's dtype
+            gemm_dtype = norm_dtype = torch.promote_types(x.dtype, residual.dtype)
         lead, k = x.shape[:-1], x.shape[-1]
         eps = _eps(self.norm, norm_dtype)
         with torch.autocast(x.device.type, enabled=False):

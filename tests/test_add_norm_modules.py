@@ -86,6 +86,21 @@ def test_from_modules_and_bad_input_are_refused_clearly():
         module(torch.randn(2, 8), None)
     with pytest.raises(ValueError, match="at least one dimension"):
         module(torch.tensor(1.0), torch.tensor(1.0))
+    for layer in (module, LayerNormLinear(8, 4)):
+        with pytest.raises(ValueError, match=r"last dimension must be in_features = 8, got x of shape \(2, 9\)"):
+            layer(torch.randn(2, 9), torch.randn(2, 9)) if layer is module else layer(torch.randn(2, 9))
+
+
+def test_the_add_ops_name_their_own_arguments_in_errors():
+    from helion_kernels import add_layernorm_matmul, add_rmsnorm_matmul
+
+    for op in (add_rmsnorm_matmul, add_layernorm_matmul):
+        with pytest.raises(ValueError, match=r"mismatched K: x is \(2, 8\).*b is \(9, 4\)"):
+            op(torch.randn(2, 8), torch.randn(2, 8), torch.randn(9, 4))
+        with pytest.raises(ValueError, match=r"x must be 2-D.*x.reshape\(-1, K\)"):
+            op(torch.randn(2, 2, 8), torch.randn(2, 2, 8), torch.randn(8, 4))
+        with pytest.raises(TypeError, match="x and b must share a dtype"):
+            op(torch.randn(2, 8), torch.randn(2, 8), torch.randn(8, 4, dtype=torch.float64).half())
 
 
 @ON_DEVICE
@@ -103,6 +118,21 @@ def test_autocast_with_fp32_parameters_and_inputs(kind):
     torch.testing.assert_close(ours[1], theirs[1])
     ours[0].float().sum().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in module.parameters())
+
+
+@ON_DEVICE
+@pytest.mark.parametrize("kind", sorted(MODULES))
+def test_mixed_input_dtypes_follow_the_blocks_promotion(kind):
+    """bf16 ``x`` plus an fp32 residual into fp32 parameters, no autocast: the block's add
+    gives fp32 ``h``, so its norm and Linear run in fp32; the module's outputs too."""
+    norm, linear = _pair(kind, 48, 80, True, torch.float32, seed=8)
+    module = MODULES[kind][0].from_modules(norm, linear)
+    x = torch.randn(3, 48, device=DEVICE).to(torch.bfloat16)
+    r = torch.randn(3, 48, device=DEVICE)
+    ours, theirs = module(x, r), _block(norm, linear, x, r)
+    assert [t.dtype for t in ours] == [t.dtype for t in theirs] == [torch.float32] * 2
+    check_outputs(ours[0], theirs[0], torch.float32)
+    torch.testing.assert_close(ours[1], theirs[1])
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -151,7 +151,7 @@ _OP = Op("add_norm_matmul", _add_norm_matmul, _add_norm_matmul_fake, backward=_b
 
 
 def _checked(op: str, x, residual, b, eps, fused, **params) -> float:
-    checks.gemm_operands(op, x, b)
+    checks.gemm_operands(op, x, b, names=("x", "b"))
     if not isinstance(residual, torch.Tensor):
         raise TypeError(f"{op}: residual must be a torch.Tensor, got {type(residual).__name__}")
     if residual.shape != x.shape:
