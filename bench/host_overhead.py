@@ -54,9 +54,23 @@ def _cases(hk, torch, device: str = "cpu"):
     rstd = (torch.rand(256) + 0.5).to(device)
     q, k, v = rand(40, 2, 64), rand(32, 2, 64), rand(32, 2, 64)
     qo, ko = torch.tensor([0, 17, 40], device=device), torch.tensor([0, 16, 32], device=device)
+    w64, bias64, r = rand(64), rand(64), rand(256, 64)
+    mean = torch.randn(256, generator=gen).to(device)
     ops = torch.ops.helion_kernels
     gemm = (256, 64, 128)
-    return [
+    prenorm = [  # the pre-norm ops of 2026-12-07 (absent from an older package: left out there)
+        ("layernorm_matmul", "layernorm_matmul", gemm, lambda: hk.layernorm_matmul(a, b, w64, bias64),
+         lambda: ops.layernorm_matmul(a, b, None, 1e-5, None)),
+        ("layernorm_matmul(mean=, rstd=)", "layernorm_matmul_given_stats", gemm,
+         lambda: hk.layernorm_matmul(a, b, w64, bias64, mean=mean, rstd=rstd),
+         lambda: ops.layernorm_matmul_given_stats(a, b, None, mean, rstd, None)),
+        ("add_rmsnorm_matmul", "rmsnorm_matmul_given_rstd", gemm, lambda: hk.add_rmsnorm_matmul(a, r, b, w64),
+         lambda: ops.add_norm_matmul(a, r, b, None, 1e-5, 0, None)),
+        ("add_layernorm_matmul", "layernorm_matmul_given_stats", gemm,
+         lambda: hk.add_layernorm_matmul(a, r, b, w64, bias64),
+         lambda: ops.add_norm_matmul(a, r, b, None, 1e-5, 1, None)),
+    ] if hasattr(hk, "add_layernorm_matmul") else []
+    return prenorm + [
         ("matmul", "matmul", gemm, lambda: hk.matmul(a, b), lambda: ops.matmul(a, b)),
         ("rmsnorm_matmul", "rmsnorm_matmul", gemm, lambda: hk.rmsnorm_matmul(a, b),
          lambda: ops.rmsnorm_matmul(a, b, 1e-5, None)),
@@ -95,9 +109,11 @@ def _fused_registry(folder: Path, cases, gpu: str = "cpu") -> None:
     """A user registry with a "fused" entry on ``gpu``'s registry key for each case's shape
     (the spec's default config, which generates code for any shape)."""
 
+    done = set()
     for _, kernel, key, *_ in cases:
-        if kernel is None:
+        if kernel is None or kernel in done:  # two ops deciding by one spec: one entry
             continue
+        done.add(kernel)
         spec = _get_spec(kernel)
         fields = ("M", "K", "N") if len(key) == 3 else ("H", "D")
         config = json.loads(spec.default_config.to_json())
@@ -185,6 +201,14 @@ def _host_us(torch, fn, calls: int, rounds: int) -> dict:
     return {"host_us": statistics.median(host), "wall_us": statistics.median(wall)}
 
 
+def _modules(hk) -> list:
+    """(norm + Linear module, where its norm sits: "post", "pre" or "add" (after a residual add))."""
+    modules = [(hk.LinearLayerNorm, "post"), (hk.LinearRMSNorm, "post"), (hk.RMSNormLinear, "pre")]
+    if hasattr(hk, "AddLayerNormLinear"):  # the 2026-12-07 pre-norm modules
+        modules += [(hk.LayerNormLinear, "pre"), (hk.AddRMSNormLinear, "add"), (hk.AddLayerNormLinear, "add")]
+    return modules
+
+
 def _training_cases(hk, torch):
     """(module, one fused training step, one step of the compiled PyTorch pair): M = 1024
     tokens, K = N = 256, bf16, parameters' gradients only."""
@@ -192,12 +216,21 @@ def _training_cases(hk, torch):
 
     x = torch.randn(8, 128, 256, device="cuda", dtype=torch.bfloat16)
     out = []
-    for cls, norm_first in ((hk.LinearLayerNorm, False), (hk.LinearRMSNorm, False), (hk.RMSNormLinear, True)):
+    residual = torch.randn_like(x)
+    for cls, kind in _modules(hk):
         module = cls(256, 256).to(device="cuda", dtype=torch.bfloat16)
-        pair = nn.Sequential(module.norm, module.linear) if norm_first else nn.Sequential(module.linear, module.norm)
-        compiled = torch.compile(pair)
+        if kind == "add":  # the block the module replaces: y = linear(norm(x + residual)), h = x + residual
+            def block(x, residual, norm=module.norm, linear=module.linear):
+                h = x + residual
+                return linear(norm(h)), h
+            compiled = torch.compile(block)
+        else:
+            layers = (module.norm, module.linear) if kind == "pre" else (module.linear, module.norm)
+            compiled = torch.compile(nn.Sequential(*layers))
 
-        def step(m):
+        def step(m, kind=kind):
+            if kind == "add":
+                return lambda: sum(t.float().sum() for t in m(x, residual)).backward()
             return lambda: m(x).float().sum().backward()
         out.append((cls.__name__, step(module), step(compiled)))
     return out
