@@ -1,0 +1,70 @@
+"""Every global name a function reads is bound in its module (or a builtin).
+
+Tests marked ``cuda`` and the GPU-only paths of the package and ``bench/`` never run on a
+CPU machine; a name left behind by a refactor there (``grads.rmsnorm_matmul_da`` after
+``grads.py`` moved) would fail only on a GPU. This reads each file's code objects instead."""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import dis
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FILES = sorted([*REPO.glob("tests/*.py"), *REPO.glob("bench/**/*.py"), *REPO.glob("helion_kernels/**/*.py")])
+
+
+def _module_bindings(tree: ast.Module) -> set[str]:
+    """Names bound anywhere at module level (imports, defs, assignments, loop and with targets,
+    also inside top-level if/try blocks) plus names declared ``global`` in a function."""
+    names = set(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__", "__package__", "__builtins__"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            names.update(node.names)
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.For, ast.With)):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [item.optional_vars for item in node.items if item.optional_vars] if isinstance(node, ast.With)
+                       else [node.target])
+            for target in targets:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+            if isinstance(node, (ast.For, ast.With)):
+                stack.extend(node.body)
+        elif isinstance(node, (ast.If, ast.Try)):
+            stack.extend(node.body + node.orelse + getattr(node, "finalbody", []))
+            for handler in getattr(node, "handlers", []):
+                stack.extend(handler.body)
+                if handler.name:
+                    names.add(handler.name)
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.NamedExpr):
+            names.add(node.value.target.id)
+    return names
+
+
+def _global_loads(code) -> set[str]:
+    """LOAD_GLOBAL names of every function nested in ``code`` (module-level code runs at import)."""
+    found = set()
+    for const in code.co_consts:
+        if hasattr(const, "co_code"):
+            found.update(i.argval for i in dis.get_instructions(const) if i.opname == "LOAD_GLOBAL")
+            found |= _global_loads(const)
+    return found
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_global_a_function_reads_is_bound(path):
+    source = path.read_text()
+    tree = ast.parse(source)
+    assert not any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in tree.body)
+    missing = _global_loads(compile(source, str(path), "exec")) - _module_bindings(tree)
+    assert not missing, f"{path.relative_to(REPO)}: functions read unbound names {sorted(missing)}"
