@@ -1,4 +1,5 @@
-"""Every global name a function reads is bound in its module (or a builtin).
+"""Every global name a function reads is bound in its module (or a builtin), and every attribute
+read from a module of this package in tests/ or bench/ exists.
 
 Tests marked ``cuda`` and the GPU-only paths of the package and ``bench/`` never run on a
 CPU machine; a name left behind by a refactor there (``grads.rmsnorm_matmul_da`` after
@@ -68,3 +69,38 @@ def test_every_global_a_function_reads_is_bound(path):
     assert not any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in tree.body)
     missing = _global_loads(compile(source, str(path), "exec")) - _module_bindings(tree)
     assert not missing, f"{path.relative_to(REPO)}: functions read unbound names {sorted(missing)}"
+
+
+def _package_modules(tree: ast.Module) -> dict[str, object]:
+    """Top-level names bound to a module of this package (``import helion_kernels as hk``,
+    ``from helion_kernels.techniques import prenorm``), as module objects."""
+    import importlib
+    import types
+
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "helion_kernels" and a.asname:
+                    found[a.asname] = importlib.import_module(a.name)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("helion_kernels"):
+            parent = importlib.import_module(node.module)
+            for a in node.names:
+                value = getattr(parent, a.name, None)
+                if isinstance(value, types.ModuleType):
+                    found[a.asname or a.name] = value
+    return found
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("path", [p for p in FILES if "helion_kernels" not in p.parts],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_every_package_attribute_a_test_or_script_reads_exists(path):
+    """``prenorm.rmsnorm_matmul_da``, ``runtime.launch``: read from a module of this package in
+    ``tests/`` or ``bench/``, the attribute exists (assigned ones are left out: tests patch)."""
+    tree = ast.parse(path.read_text())
+    modules = _package_modules(tree)
+    missing = sorted({f"{n.value.id}.{n.attr}" for n in ast.walk(tree)
+                      if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and isinstance(n.value, ast.Name)
+                      and n.value.id in modules and not hasattr(modules[n.value.id], n.attr)})
+    assert not missing, f"{path.relative_to(REPO)}: reads attributes the package lacks: {missing}"
