@@ -34,10 +34,12 @@ class Op:
     ``make_fx``) is active; otherwise, when autograd must record the call, ``impl`` inside an
     autograd Function with the same formula; otherwise ``eager`` (default ``impl``), which
     may return None for an optional output the caller did not ask for. ``named`` and
-    ``input_grads`` let the formula use the inputs' names instead of their positions."""
+    ``input_grads`` let the formula use the inputs' names instead of their positions. ``public``
+    names the function(s) a user calls where they differ from ``name`` (errors say it)."""
 
     def __init__(self, name: str, impl: Callable, fake: Callable, eager: Callable | None = None,
-                 backward: Callable | None = None, setup_context: Callable | None = None) -> None:
+                 backward: Callable | None = None, setup_context: Callable | None = None,
+                 public: str | None = None) -> None:
         self.name = name
         self.impl = impl
         self.eager = eager or impl
@@ -48,7 +50,7 @@ class Op:
         self.function = None
         if backward is not None:
             self.custom_op.register_autograd(backward, setup_context=setup_context)
-            self.function = _autograd_function(name, impl, setup_context, backward)
+            self.function = _autograd_function(name, impl, setup_context, backward, public or name)
 
     def __call__(self, *args):
         if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
@@ -73,8 +75,10 @@ class Op:
         return tuple(grads.get(name) for name in self.names)
 
 
-def _autograd_function(name: str, impl: Callable, setup_context: Callable, backward: Callable) -> type:
-    """A ``torch.autograd.Function`` running ``impl`` with the op's own formula."""
+def _autograd_function(name: str, impl: Callable, setup_context: Callable, backward: Callable,
+                       public: str) -> type:
+    """A ``torch.autograd.Function`` running ``impl`` with the op's own formula; its errors
+    name ``public``, the function(s) a user called."""
 
     def forward(*args):
         return impl(*args)
@@ -86,7 +90,7 @@ def _autograd_function(name: str, impl: Callable, setup_context: Callable, backw
         # Autograd runs a backward with grad mode on only for create_graph=True: refuse a double
         # backward instead of leaving its second-order terms out.
         if torch.is_grad_enabled():
-            raise RuntimeError(f"{name}: the backward is not differentiable; create_graph=True (a double "
+            raise RuntimeError(f"{public}: the backward is not differentiable; create_graph=True (a double "
                                f"backward, e.g. a gradient penalty) is not supported")
         return backward(ctx, *grads)
 

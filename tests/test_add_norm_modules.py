@@ -104,6 +104,18 @@ def test_the_add_ops_name_their_own_arguments_in_errors():
 
 
 @ON_DEVICE
+def test_a_double_backward_is_refused_naming_the_add_ops():
+    from helion_kernels import add_layernorm_matmul, add_rmsnorm_matmul
+
+    for op in (add_rmsnorm_matmul, add_layernorm_matmul):
+        x, residual = (torch.randn(4, 8, device=DEVICE, requires_grad=True) for _ in range(2))
+        y, h = op(x, residual, torch.randn(8, 4, device=DEVICE))
+        with pytest.raises(RuntimeError, match="add_rmsnorm_matmul / add_layernorm_matmul: the backward is not "
+                                               "differentiable; create_graph=True"):
+            torch.autograd.grad(y.sum() + h.sum(), x, create_graph=True)
+
+
+@ON_DEVICE
 @pytest.mark.parametrize("kind", sorted(MODULES))
 def test_autocast_with_fp32_parameters_and_inputs(kind):
     """fp32 inputs and parameters under bf16 autocast: ``h`` is fp32 as the block's add gives,

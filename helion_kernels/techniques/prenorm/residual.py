@@ -147,7 +147,7 @@ def _backward(ctx, dy, dh, _dmean, _drstd, _dx_hat):
 
 
 _OP = Op("add_norm_matmul", _add_norm_matmul, _add_norm_matmul_fake, backward=_backward,
-         setup_context=_setup_context)
+         setup_context=_setup_context, public="add_rmsnorm_matmul / add_layernorm_matmul")
 
 
 def _checked(op: str, x, residual, b, eps, fused, **params) -> float:
