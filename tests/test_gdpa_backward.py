@@ -35,25 +35,27 @@ def _inputs(dtype, device, seed, heads=2, dim=32, q_lengths=Q_LENGTHS, kv_length
     return q, k, v, dout, qo, ko
 
 
-def _run(inputs, act: int, scale: float, config: bool):
+SMALL = helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1)
+
+
+def _run(inputs, act: int, scale: float, config: helion.Config | None):
     q, k, v, dout, qo, ko = inputs
     max_q = int((qo[1:] - qo[:-1]).max())
     max_kv = int((ko[1:] - ko[:-1]).max())
     dq_args = (q, k, v, dout, qo, ko, max_q, scale, act)
     dkdv_args = (q, k, v, dout, qo, ko, max_kv, scale, act)
-    if not config:
+    if config is None:
         return (gdpa_dq_kernel(*dq_args), *gdpa_dkdv_kernel(*dkdv_args))
-    small = helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1)
     outs = []
     for kernel, args in ((gdpa_dq_kernel, dq_args), (gdpa_dkdv_kernel, dkdv_args)):
         bound = kernel.bind(args)
-        bound.set_config(small)
+        bound.set_config(config)
         out = bound(*args)
         outs.extend(out if isinstance(out, tuple) else (out,))
     return tuple(outs)
 
 
-def _check(inputs, act: int, dtype, config: bool, scale: float = 0.7):
+def _check(inputs, act: int, dtype, config: helion.Config | None, scale: float = 0.7):
     grads = _run(inputs, act, scale, config)
     q, k, v, dout, qo, ko = inputs
     expected = gdpa_backward_reference(q, k, v, dout, qo, ko, scale, ACTIVATIONS[act])
@@ -72,14 +74,14 @@ def _check(inputs, act: int, dtype, config: bool, scale: float = 0.7):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_reference_mode(activation, dtype, device):
-    _check(_inputs(dtype, device, 3), ACTIVATIONS.index(activation), dtype, config=False)
+    _check(_inputs(dtype, device, 3), ACTIVATIONS.index(activation), dtype, config=None)
 
 
 @pytest.mark.ref_mode
 def test_single_sequence(device):
     """B = 1, a sequence shorter than any tile."""
     inputs = _inputs(torch.float32, device, 5, heads=1, dim=16, q_lengths=[3], kv_lengths=[2])
-    _check(inputs, 0, torch.float32, config=False)
+    _check(inputs, 0, torch.float32, config=None)
 
 
 @pytest.mark.triton_interpret
@@ -87,7 +89,17 @@ def test_single_sequence(device):
 def test_under_the_interpreter(activation):
     """16-row tiles: partial last tiles, several of each, empty sequences."""
     dtype = torch.float16  # bf16 tl.dot is broken in the interpreter
-    _check(_inputs(dtype, "cpu", 7), ACTIVATIONS.index(activation), dtype, config=True)
+    _check(_inputs(dtype, "cpu", 7), ACTIVATIONS.index(activation), dtype, config=SMALL)
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("tiles", [(64, 32), (32, 32), (128, 32), (64, 64)], ids=lambda t: "x".join(map(str, t)))
+def test_the_swept_tilings_under_the_interpreter(tiles):
+    """The tilings of the GDPA backward sweep on the H200, where dk/dv at [tile_kv, tile_q] =
+    64x32, 4 warps, 2 stages gave a wrong dk: their tiling and masking are right (so that fault
+    lies below the generated code's logic). Sequences of 1 to 130 rows against 5 to 128."""
+    inputs = _inputs(torch.float16, "cpu", 11, q_lengths=[1, 70, 130, 33], kv_lengths=[128, 100, 64, 5])
+    _check(inputs, 0, torch.float16, config=helion.Config(block_sizes=list(tiles), num_warps=4, num_stages=2))
 
 
 @pytest.mark.cuda
@@ -95,7 +107,7 @@ def test_under_the_interpreter(activation):
 def test_cuda(activation):
     inputs = _inputs(torch.bfloat16, "cuda", 9, heads=4, dim=128,
                      q_lengths=[5, 0, 300, 3, 129], kv_lengths=[7, 4, 0, 128, 1])
-    _check(inputs, ACTIVATIONS.index(activation), torch.bfloat16, config=False)
+    _check(inputs, ACTIVATIONS.index(activation), torch.bfloat16, config=None)
     first = _run(inputs, ACTIVATIONS.index(activation), 0.7, False)
     again = _run(inputs, ACTIVATIONS.index(activation), 0.7, False)
     assert all(torch.equal(a, b) for a, b in zip(first, again))  # deterministic: no atomics
