@@ -18,7 +18,7 @@ import torch
 
 from helion_kernels.bench_specs import bench_spec
 from helion_kernels.limits import max_full_row_n
-from helion_kernels.techniques.postnorm.kernels import DEFAULT_CONFIG, SPEC_LAYERNORM, matmul_layernorm_kernel
+from helion_kernels.techniques.postnorm.kernels import DEFAULT_CONFIG, SPEC_LAYERNORM
 from helion_kernels.spec import Shape
 from helion_kernels.timing import time_ms
 from helion_kernels.verify import check_outputs
@@ -41,7 +41,7 @@ def main(out_csv: str, m: int = 65536, k: int = 1024) -> pd.DataFrame:
             row = {"M": m, "K": k, "N": n, "derived_limit": limit, "config": name,
                    "cublas+inductor_norm_ms": round(unfused, 5)}
             try:
-                bound = matmul_layernorm_kernel.bind(args)
+                bound = SPEC_LAYERNORM.kernel.bind(args)  # the kernel, past the ops' N limit too
                 bound.set_config(cfg)
                 row["rel_error"] = check_outputs(bound(*args), SPEC_LAYERNORM.reference(*args), torch.bfloat16)
                 row["fused_ms"] = round(time_ms(lambda: bound(*args)), 5)

@@ -21,7 +21,8 @@ FILES = sorted([*REPO.glob("tests/*.py"), *REPO.glob("bench/**/*.py"), *REPO.glo
 def _module_bindings(tree: ast.Module) -> set[str]:
     """Names bound anywhere at module level (imports, defs, assignments, loop and with targets,
     also inside top-level if/try blocks) plus names declared ``global`` in a function."""
-    names = set(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__", "__package__", "__builtins__"}
+    names = set(dir(builtins)) | {"__file__", "__name__", "__doc__", "__spec__", "__package__", "__builtins__",
+                                  "__path__", "__cached__", "__loader__"}
     for node in ast.walk(tree):
         if isinstance(node, ast.Global):
             names.update(node.names)
@@ -39,7 +40,9 @@ def _module_bindings(tree: ast.Module) -> set[str]:
             for target in targets:
                 names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
             if isinstance(node, (ast.For, ast.With)):
-                stack.extend(node.body)
+                stack.extend(node.body + getattr(node, "orelse", []))
+        elif isinstance(node, ast.While):
+            stack.extend(node.body + node.orelse)
         elif isinstance(node, (ast.If, ast.Try)):
             stack.extend(node.body + node.orelse + getattr(node, "finalbody", []))
             for handler in getattr(node, "handlers", []):
@@ -67,7 +70,7 @@ def test_every_global_a_function_reads_is_bound(path):
     source = path.read_text()
     tree = ast.parse(source)
     assert not any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in tree.body)
-    missing = _global_loads(compile(source, str(path), "exec")) - _module_bindings(tree)
+    missing = _global_loads(compile(source, str(path), "exec", dont_inherit=True)) - _module_bindings(tree)
     assert not missing, f"{path.relative_to(REPO)}: functions read unbound names {sorted(missing)}"
 
 
@@ -81,8 +84,8 @@ def _package_modules(tree: ast.Module) -> dict[str, object]:
     for node in tree.body:
         if isinstance(node, ast.Import):
             for a in node.names:
-                if a.name.split(".")[0] == "helion_kernels" and a.asname:
-                    found[a.asname] = importlib.import_module(a.name)
+                if a.name.split(".")[0] == "helion_kernels":
+                    found[a.asname or "helion_kernels"] = importlib.import_module(a.asname and a.name or "helion_kernels")
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("helion_kernels"):
             parent = importlib.import_module(node.module)
             for a in node.names:
@@ -93,7 +96,7 @@ def _package_modules(tree: ast.Module) -> dict[str, object]:
 
 
 @pytest.mark.ref_mode
-@pytest.mark.parametrize("path", [p for p in FILES if "helion_kernels" not in p.parts],
+@pytest.mark.parametrize("path", [p for p in FILES if p.relative_to(REPO).parts[0] != "helion_kernels"],
                          ids=lambda p: str(p.relative_to(REPO)))
 def test_every_package_attribute_a_test_or_script_reads_exists(path):
     """``prenorm.rmsnorm_matmul_da``, ``runtime.launch``: read from a module of this package in
@@ -104,3 +107,21 @@ def test_every_package_attribute_a_test_or_script_reads_exists(path):
                       if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and isinstance(n.value, ast.Name)
                       and n.value.id in modules and not hasattr(modules[n.value.id], n.attr)})
     assert not missing, f"{path.relative_to(REPO)}: reads attributes the package lacks: {missing}"
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_name_imported_from_the_package_exists(path):
+    """``from helion_kernels.x import name`` anywhere in a file, inside functions too (GPU-only
+    paths import there): ``name`` is an attribute or a submodule of ``helion_kernels.x``."""
+    import importlib
+
+    missing = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "helion_kernels":
+            parent = importlib.import_module(node.module)
+            for a in node.names:
+                submodule = hasattr(parent, "__path__") and importlib.util.find_spec(f"{node.module}.{a.name}")
+                if not hasattr(parent, a.name) and not submodule:
+                    missing.append(f"{node.module}.{a.name}")
+    assert not missing, f"{path.relative_to(REPO)}: imports names the package lacks: {missing}"
