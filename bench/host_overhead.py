@@ -111,9 +111,9 @@ def _fused_registry(folder: Path, cases, gpu: str = "cpu") -> None:
 
     done = set()
     for _, kernel, key, *_ in cases:
-        if kernel is None or kernel in done:  # two ops deciding by one spec: one entry
+        if kernel is None or (kernel, key) in done:  # two ops deciding by one spec at one shape: one entry
             continue
-        done.add(kernel)
+        done.add((kernel, key))
         spec = _get_spec(kernel)
         fields = ("M", "K", "N") if len(key) == 3 else ("H", "D")
         config = json.loads(spec.default_config.to_json())
@@ -209,16 +209,16 @@ def _modules(hk) -> list:
     return modules
 
 
-def _training_cases(hk, torch):
+def _training_cases(hk, torch, device: str = "cuda"):
     """(module, one fused training step, one step of the compiled PyTorch pair): M = 1024
     tokens, K = N = 256, bf16, parameters' gradients only."""
     from torch import nn
 
-    x = torch.randn(8, 128, 256, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(8, 128, 256, device=device, dtype=torch.bfloat16)
     out = []
     residual = torch.randn_like(x)
     for cls, kind in _modules(hk):
-        module = cls(256, 256).to(device="cuda", dtype=torch.bfloat16)
+        module = cls(256, 256).to(device=device, dtype=torch.bfloat16)
         if kind == "add":  # the block the module replaces: y = linear(norm(x + residual)), h = x + residual
             def block(x, residual, norm=module.norm, linear=module.linear):
                 h = x + residual
@@ -230,7 +230,7 @@ def _training_cases(hk, torch):
 
         def step(m, kind=kind):
             if kind == "add":
-                return lambda: sum(t.float().sum() for t in m(x, residual)).backward()
+                return lambda: m(x, residual)[0].float().sum().backward()  # y only: h needs no gradient here
             return lambda: m(x).float().sum().backward()
         out.append((cls.__name__, step(module), step(compiled)))
     return out
@@ -363,7 +363,7 @@ def main(argv=None) -> int:
                f"{args.processes} processes per package (interleaved)",
                "- `package_us`: the package's own Python (its hand-over to Helion stubbed); `total_us`: everything up "
                "to Triton's launch (stubbed), Helion's binding and generated host code included; the add ops' "
-               "include their compiled add + statistics pass, which runs here on the CPU (on a GPU: one launch)",
+               "figures include their compiled add + statistics pass, which runs here on the CPU (on a GPU: one launch)",
                "- aim (issue): `package_us` <= 10 us for every op; on a GPU a whole eager call <= 30 us"]
     text = "\n".join([
         title, "",

@@ -35,3 +35,12 @@ def test_the_cpu_mode_runs(tmp_path):
     cases = host_overhead._cases(hk, torch)
     assert len(df) == 2 * len(cases)  # eager and custom_op per case
     assert all(math.isfinite(v) and v > 0 for v in df[["package_us", "total_us"]].to_numpy().ravel())
+
+
+def test_every_training_step_runs():
+    """The GPU mode's training steps (module and compiled block), once each on the CPU."""
+    steps = host_overhead._training_cases(hk, torch, device="cpu")
+    assert [name for name, *_ in steps] == [cls.__name__ for cls, _ in host_overhead._modules(hk)]
+    for _, module_step, pair_step in steps:
+        module_step()
+        pair_step()

@@ -6,6 +6,8 @@ reference mode, the Triton interpreter (the kernels at explicit configs) and CUD
 
 from __future__ import annotations
 
+import re
+
 import helion
 import pytest
 import torch
@@ -150,6 +152,18 @@ def test_a_nan_row_stays_in_its_row(op, fused, device):
     grads = [leaves[0].grad] + ([leaves[1].grad] if h is not None else [])
     for g in grads:
         assert torch.isnan(g[5]).any() and torch.isfinite(g[others]).all()
+
+
+@pytest.mark.ref_mode
+def test_a_double_backward_names_the_call_with_given_statistics(device):
+    from helion_kernels import rmsnorm_matmul
+
+    a = torch.randn(4, 8, device=device, requires_grad=True)
+    b, rstd, mean = torch.randn(8, 4, device=device), torch.rand(4, device=device) + 0.5, torch.randn(4, device=device)
+    for name, call in (("rmsnorm_matmul(rstd=)", lambda: rmsnorm_matmul(a, b, rstd=rstd)),
+                       ("layernorm_matmul(mean=, rstd=)", lambda: layernorm_matmul(a, b, mean=mean, rstd=rstd))):
+        with pytest.raises(RuntimeError, match=rf"^{re.escape(name)}: the backward is not differentiable"):
+            torch.autograd.grad(call().sum(), a, create_graph=True)
 
 
 @pytest.mark.ref_mode

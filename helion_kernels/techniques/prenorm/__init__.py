@@ -285,7 +285,7 @@ def _backward_given_rstd(ctx, dc):
 
 
 _GIVEN_RSTD = Op("rmsnorm_matmul_given_rstd", _given_rstd, _given_rstd_fake, backward=_backward_given_rstd,
-                 setup_context=_setup_given_rstd)
+                 setup_context=_setup_given_rstd, public="rmsnorm_matmul(rstd=)")
 
 
 def rmsnorm_matmul(

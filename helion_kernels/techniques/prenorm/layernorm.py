@@ -183,7 +183,7 @@ def _backward_given(ctx, dc):
 
 
 _GIVEN = Op("layernorm_matmul_given_stats", _given, _given_fake, backward=_backward_given,
-            setup_context=_setup_given)
+            setup_context=_setup_given, public="layernorm_matmul(mean=, rstd=)")
 
 
 def layernorm_matmul(
