@@ -363,7 +363,8 @@ def main(argv=None) -> int:
                f"{args.processes} processes per package (interleaved)",
                "- `package_us`: the package's own Python (its hand-over to Helion stubbed); `total_us`: everything up "
                "to Triton's launch (stubbed), Helion's binding and generated host code included; the add ops' "
-               "figures include their compiled add + statistics pass, which runs here on the CPU (on a GPU: one launch)",
+               "figures include their compiled add + statistics pass, which runs here on the CPU (on a GPU: one "
+               "launch)",
                "- aim (issue): `package_us` <= 10 us for every op; on a GPU a whole eager call <= 30 us"]
     text = "\n".join([
         title, "",

@@ -10,12 +10,27 @@ from __future__ import annotations
 import ast
 import builtins
 import dis
+import functools
+import importlib
+import importlib.util
+import types
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 FILES = sorted([*REPO.glob("tests/*.py"), *REPO.glob("bench/**/*.py"), *REPO.glob("helion_kernels/**/*.py")])
+
+
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
+def _from_package(node: ast.AST) -> bool:
+    """``from helion_kernels[.x] import ...`` (absolute)."""
+    return (isinstance(node, ast.ImportFrom) and node.level == 0
+            and (node.module or "").split(".")[0] == "helion_kernels")
 
 
 def _module_bindings(tree: ast.Module) -> set[str]:
@@ -67,26 +82,24 @@ def _global_loads(code) -> set[str]:
 @pytest.mark.ref_mode
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_global_a_function_reads_is_bound(path):
-    source = path.read_text()
-    tree = ast.parse(source)
+    source, tree = path.read_text(), _tree(path)
     assert not any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in tree.body)
     missing = _global_loads(compile(source, str(path), "exec", dont_inherit=True)) - _module_bindings(tree)
     assert not missing, f"{path.relative_to(REPO)}: functions read unbound names {sorted(missing)}"
 
 
 def _package_modules(tree: ast.Module) -> dict[str, object]:
-    """Top-level names bound to a module of this package (``import helion_kernels as hk``,
-    ``from helion_kernels.techniques import prenorm``), as module objects."""
-    import importlib
-    import types
-
+    """Names bound to a module of this package anywhere in a file, inside functions too
+    (``import helion_kernels as hk``, ``from helion_kernels.techniques import prenorm``), as
+    module objects."""
     found = {}
-    for node in tree.body:
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for a in node.names:
-                if a.name.split(".")[0] == "helion_kernels":
-                    found[a.asname or "helion_kernels"] = importlib.import_module(a.asname and a.name or "helion_kernels")
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("helion_kernels"):
+                if a.name.split(".")[0] == "helion_kernels":  # ``import a.b`` binds ``a``; ``as x`` binds a.b
+                    module = importlib.import_module(a.name if a.asname else "helion_kernels")
+                    found[a.asname or "helion_kernels"] = module
+        elif _from_package(node):
             parent = importlib.import_module(node.module)
             for a in node.names:
                 value = getattr(parent, a.name, None)
@@ -101,7 +114,7 @@ def _package_modules(tree: ast.Module) -> dict[str, object]:
 def test_every_package_attribute_a_test_or_script_reads_exists(path):
     """``prenorm.rmsnorm_matmul_da``, ``runtime.launch``: read from a module of this package in
     ``tests/`` or ``bench/``, the attribute exists (assigned ones are left out: tests patch)."""
-    tree = ast.parse(path.read_text())
+    tree = _tree(path)
     modules = _package_modules(tree)
     missing = sorted({f"{n.value.id}.{n.attr}" for n in ast.walk(tree)
                       if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and isinstance(n.value, ast.Name)
@@ -114,11 +127,9 @@ def test_every_package_attribute_a_test_or_script_reads_exists(path):
 def test_every_name_imported_from_the_package_exists(path):
     """``from helion_kernels.x import name`` anywhere in a file, inside functions too (GPU-only
     paths import there): ``name`` is an attribute or a submodule of ``helion_kernels.x``."""
-    import importlib
-
     missing = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "helion_kernels":
+    for node in ast.walk(_tree(path)):
+        if _from_package(node):
             parent = importlib.import_module(node.module)
             for a in node.names:
                 submodule = hasattr(parent, "__path__") and importlib.util.find_spec(f"{node.module}.{a.name}")
