@@ -120,20 +120,19 @@ def _consumer(gpu: str, entry, producer_args):
 
 
 def _pinned():
-    """The GDPA forward and backward kernels on the configs pinned on them."""
+    """The GDPA forward and backward kernels on their default configs (the configs pinned on
+    them before they had specs; what runs where the registry has no entry for them)."""
     from helion_kernels.techniques.attention import kernels as gdpa
-    from helion_kernels.techniques.attention import kernels as gdpa_backward
 
     q = torch.empty(32, 2, 128, dtype=torch.bfloat16)
     offsets = torch.tensor([0, 16, 32])
     fwd = (q, q, q, offsets, offsets, 16, 1.0, 0)
     yield ("pinned", "gdpa", "H2xD128 bfloat16", "dynamic", "call", _kernel(gdpa.gdpa_kernel, False), fwd,
-           gdpa.GDPA_CONFIG)
+           gdpa.SPEC_GDPA.default_config)
     dq_args = (q, q, q, q, offsets, offsets, 16, 1.0, 0)
-    for kernel, config in ((gdpa_backward.gdpa_dq_kernel, gdpa_backward.DQ_CONFIG),
-                           (gdpa_backward.gdpa_dkdv_kernel, gdpa_backward.DKDV_CONFIG)):
-        yield ("pinned", kernel.name, "H2xD128 bfloat16", "dynamic", "call", _kernel(kernel, False),
-               _dq_args(kernel, dq_args), config)
+    for spec in (gdpa.SPEC_GDPA_DQ, gdpa.SPEC_GDPA_DKDV):
+        yield ("pinned", spec.kernel.name, "H2xD128 bfloat16", "dynamic", "call", _kernel(spec.kernel, False),
+               _dq_args(spec.kernel, dq_args), spec.default_config)
 
 
 def _dq_args(kernel, args):

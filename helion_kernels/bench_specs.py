@@ -298,9 +298,11 @@ def compiled_unfused_block():
 
 def _attention_baselines(q, k, v, qo, ko, max_seq_len_q, ln_weight, ln_bias, rms_weight, eps, qk_scale,
                          activation, *_) -> dict:
-    """The unfused block (eager and compiled), and the package's GDPA kernel between eager norms."""
+    """The unfused block (eager and compiled), and the package's GDPA kernel (its registry
+    config, else its default) between eager norms."""
+    from . import runtime
     from .limits import ACTIVATIONS
-    from .techniques.attention.kernels import gdpa_kernel
+    from .techniques.attention.kernels import SPEC_GDPA
 
     max_kv = int((ko[1:] - ko[:-1]).max()) if ko.numel() > 1 else 0
     act = ACTIVATIONS[activation]
@@ -310,7 +312,8 @@ def _attention_baselines(q, k, v, qo, ko, max_seq_len_q, ln_weight, ln_bias, rms
         return lambda: fn(q, k, v, qo, ko, max_seq_len_q, max_kv, *flat, eps, qk_scale, act)
 
     def gdpa_eager_norms():
-        return norm_block(q, lambda ln: gdpa_kernel(ln, k, v, qo, ko, max_seq_len_q, qk_scale, activation),
+        return norm_block(q, lambda ln: runtime.launch(SPEC_GDPA, (ln, k, v, qo, ko, max_seq_len_q, qk_scale,
+                                                                   activation)),
                           *flat, eps)
 
     return {"unfused_compiled": block(compiled_unfused_block()), "unfused_eager": block(unfused_block),
@@ -326,6 +329,36 @@ def _attention_min_bytes(row: AttentionRow, dtype: torch.dtype) -> int:
 def _attention_flops(row: AttentionRow) -> int:
     """Two GEMMs per head and sequence: 2 * 2 * len_q * len_kv * D * H."""
     return 4 * row.H * row.D * row.seq_len_kv * sum(row.q_lengths())
+
+
+def _default_config_baseline(kernel_name: str):
+    """Baselines of a GDPA kernel: the same kernel at its default config (what the ops ran
+    before they could be tuned), compiled once."""
+
+    def baselines(*args) -> dict:
+        from .techniques import get_spec
+
+        spec = get_spec(kernel_name)
+        run = spec.kernel.bind(args).compile_config(spec.default_config)
+        return {"default_config": lambda: run(*args)}
+
+    return baselines
+
+
+def _gdpa_kernel_bytes(q_sized: int, kv_sized: int):
+    """Bytes a GDPA kernel must move: ``q_sized`` [total_q, H, D] and ``kv_sized`` [total_kv,
+    H, D] tensors, each read or written once."""
+
+    def min_bytes(row: AttentionRow, dtype: torch.dtype) -> int:
+        total_q, total_kv = sum(row.q_lengths()), row.batch * row.seq_len_kv
+        return dtype.itemsize * row.H * row.D * (q_sized * total_q + kv_sized * total_kv)
+
+    return min_bytes
+
+
+def _gdpa_kernel_flops(gemms: int):
+    """``gemms`` products of [len_q, len_kv, D] per head and sequence."""
+    return lambda row: gemms * 2 * row.H * row.D * row.seq_len_kv * sum(row.q_lengths())
 
 
 # --- the list ----------------------------------------------------------------------------------
@@ -375,6 +408,15 @@ BENCH_SPECS: dict[str, BenchSpec] = {
         f"FlashNormAttention on jagged GDPA (technique 4, {_BLOG})", _attention_flops, _attention_min_bytes,
         _attention_baselines, ("unfused_compiled", "unfused_eager", "gdpa+eager_norms"),
         checked_baselines=("unfused_compiled",), plot_relative_to="unfused_compiled", aim=1.35),
+    "gdpa": BenchSpec(f"jagged GDPA, the attention of technique 4's unfused block ({_BLOG})", _gdpa_kernel_flops(2),
+                      _gdpa_kernel_bytes(2, 2), _default_config_baseline("gdpa"), ("default_config",),
+                      plot_relative_to="default_config"),
+    "gdpa_dq": BenchSpec("GDPA backward, dq: scores and dout v^T recomputed per KV tile, no atomics",
+                         _gdpa_kernel_flops(3), _gdpa_kernel_bytes(3, 2), _default_config_baseline("gdpa_dq"),
+                         ("default_config",), plot_relative_to="default_config"),
+    "gdpa_dkdv": BenchSpec("GDPA backward, dk and dv: scores and dout v^T recomputed per Q tile, no atomics",
+                           _gdpa_kernel_flops(4), _gdpa_kernel_bytes(2, 4), _default_config_baseline("gdpa_dkdv"),
+                           ("default_config",), plot_relative_to="default_config"),
 }
 
 

@@ -157,7 +157,8 @@ def resolve(spec: KernelSpec, args: tuple, warn: bool = True) -> Resolved:
     """The registry config (and its source) of ``spec`` for a call with ``args``."""
     key, gpu = spec.key_of(args), registry.gpu_key(args[0].device)
     found = registry.lookup(spec.name, key, args[0].dtype, gpu, warn=False)
-    if warn and found.source != "exact" and _first_warning("config", spec, key, args[0].dtype, gpu):
+    quiet = found.source == "default" and not spec.warn_default
+    if warn and found.source != "exact" and not quiet and _first_warning("config", spec, key, args[0].dtype, gpu):
         registry.lookup(spec.name, key, args[0].dtype, gpu, warn=True)  # the same answer, warned
     return Resolved(resolve_entry(spec, found, args), found.source, found.entry)
 

@@ -133,6 +133,8 @@ class KernelSpec:
             runs unfused. None: any N.
         dynamic_m: a call at a shape not tuned exactly, with M >= 2, runs the kernel's
             dynamic-shape build (compiled once per config, not once per M).
+        warn_default: warn where the registry has no entry and the default runs; False for a
+            kernel whose default is what its op ran before it could be tuned.
     """
 
     name: str
@@ -152,6 +154,7 @@ class KernelSpec:
     compare_outputs: Callable[[tuple], tuple] | None = None
     n_limit: Callable[[torch.dtype, Any], int] | None = None
     dynamic_m: bool = False
+    warn_default: bool = True
 
 
 def random_gemm_operands(

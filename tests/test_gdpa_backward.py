@@ -10,7 +10,10 @@ import pytest
 import torch
 
 from helion_kernels.techniques.attention.kernels import random_jagged_inputs
+from helion_kernels import runtime
 from helion_kernels.techniques.attention.kernels import (
+    SPEC_GDPA_DKDV,
+    SPEC_GDPA_DQ,
     activation_grad,
     gdpa_backward_reference,
     gdpa_dkdv_kernel,
@@ -44,8 +47,8 @@ def _run(inputs, act: int, scale: float, config: helion.Config | None):
     max_kv = int((ko[1:] - ko[:-1]).max())
     dq_args = (q, k, v, dout, qo, ko, max_q, scale, act)
     dkdv_args = (q, k, v, dout, qo, ko, max_kv, scale, act)
-    if config is None:
-        return (gdpa_dq_kernel(*dq_args), *gdpa_dkdv_kernel(*dkdv_args))
+    if config is None:  # the registry's configs (else the defaults), as the ops launch them
+        return (runtime.launch(SPEC_GDPA_DQ, dq_args), *runtime.launch(SPEC_GDPA_DKDV, dkdv_args))
     outs = []
     for kernel, args in ((gdpa_dq_kernel, dq_args), (gdpa_dkdv_kernel, dkdv_args)):
         bound = kernel.bind(args)
@@ -121,3 +124,29 @@ def test_activation_grad_matches_autograd(activation):
     (expected,) = torch.autograd.grad(activation_fn(activation)(s).sum(), s)
     got = activation_grad(s.detach(), ACTIVATIONS.index(activation))
     torch.testing.assert_close(got.to(torch.float64), expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("name", ["gdpa", "gdpa_dq", "gdpa_dkdv"])
+def test_gdpa_kernels_take_their_registry_config_and_run_their_default_quietly(name):
+    """Each GDPA kernel runs its registry entry for (H, D) where there is one, and its default
+    (the config pinned on it before it could be tuned) without a warning where there is none."""
+    import warnings
+
+    from helion_kernels import registry
+    from helion_kernels.spec import AttentionRow
+    from helion_kernels.techniques import get_spec
+
+    spec = get_spec(name)
+    args = spec.make_args(AttentionRow(3, 2, 32, 40, 20, 0.5, 0), torch.float32, "cpu", 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolved = runtime.resolve(spec, args)
+    assert resolved.source == "default" and repr(resolved.config) == repr(spec.default_config)
+    tuned = helion.Config(block_sizes=[32, 16], num_warps=2, num_stages=1)
+    registry.save_entry(name, registry.gpu_key(args[0].device), registry.Entry(spec.key_of(args), "float32", tuned))
+    resolved = runtime.resolve(spec, args)
+    assert resolved.source == "exact" and resolved.config.config["block_sizes"] == [32, 16]
+    for got, want in zip(runtime.launch(spec, args) if name == "gdpa_dkdv" else (runtime.launch(spec, args),),
+                         spec.reference(*args)):
+        assert check_outputs((got,), (want,), torch.float32) < 1e-4

@@ -57,7 +57,11 @@ TECHNIQUES: tuple[Technique, ...] = (
         "matmul_rmsnorm_matmul": ("SPEC", "gemm",
                                   "rms_norm(a @ b) @ c, norm deferred to the next GEMM; tunes the first GEMM")}),
     Technique("attention", ("flash_norm_attention", "gdpa"), {
-        "flash_norm_attention": ("SPEC", "attention", "FlashNormAttention on jagged GDPA (technique 4)")}),
+        "flash_norm_attention": ("SPEC", "attention", "FlashNormAttention on jagged GDPA (technique 4)"),
+        "gdpa": ("SPEC_GDPA", "attention", "jagged GDPA alone (the attention of technique 4's unfused block)"),
+        "gdpa_dq": ("SPEC_GDPA_DQ", "attention", "GDPA's backward, dq (gdpa and flash_norm_attention backward)"),
+        "gdpa_dkdv": ("SPEC_GDPA_DKDV", "attention",
+                      "GDPA's backward, dk and dv (gdpa and flash_norm_attention backward)")}),
 )
 
 

@@ -26,7 +26,7 @@ def _gdpa_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: tor
         return torch.empty_like(q)
     args = (q.contiguous(), k.contiguous(), v.contiguous(), q_offsets, kv_offsets, max_seq_len_q,
             qk_scale, ACTIVATIONS.index(activation))
-    return runtime.launch_kernel(_kernels.gdpa_kernel, args)  # its config is pinned on the kernel
+    return runtime.launch(_kernels.SPEC_GDPA, args)
 
 
 def _fna_eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
@@ -78,15 +78,14 @@ def _gdpa_backward_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout:
                         max_seq_len_kv: int, activation: str,
                         qk_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of jagged GDPA: the two deterministic Helion kernels of
-    :mod:`.kernels` (their configs are pinned on them)."""
+    :mod:`.kernels`, each with its registry config for (H, D) (else its default)."""
     if q.shape[0] == 0 or k.shape[0] == 0:  # no products: every gradient is 0
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     q, k, v, dout = (t.contiguous() for t in (q, k, v, dout))
     act = ACTIVATIONS.index(activation)
-    dq = runtime.launch_kernel(_kernels.gdpa_dq_kernel,
-                               (q, k, v, dout, q_offsets, kv_offsets, max_seq_len_q, qk_scale, act))
-    dk, dv = runtime.launch_kernel(_kernels.gdpa_dkdv_kernel,
-                                   (q, k, v, dout, q_offsets, kv_offsets, max_seq_len_kv, qk_scale, act))
+    dq = runtime.launch(_kernels.SPEC_GDPA_DQ, (q, k, v, dout, q_offsets, kv_offsets, max_seq_len_q, qk_scale, act))
+    dk, dv = runtime.launch(_kernels.SPEC_GDPA_DKDV,
+                            (q, k, v, dout, q_offsets, kv_offsets, max_seq_len_kv, qk_scale, act))
     return dq, dk, dv
 
 
@@ -200,8 +199,9 @@ def gdpa(
     """Jagged GDPA: ``act(q_i @ k_i^T * qk_scale) @ v_i`` for every sequence i and head.
 
     The attention of the ads models in the PyTorch blog "Towards Free Normalization" (Meta,
-    2026), an activation in place of the softmax (:mod:`.kernels`). Not
-    yet tuned: runs one fixed config (``GDPA_CONFIG``) on every GPU.
+    2026), an activation in place of the softmax (:mod:`.kernels`). Its three kernels (forward,
+    dq, dk/dv) take their registry configs for (H, D) (``helion-kernels autotune --kernel gdpa``,
+    ``gdpa_dq``, ``gdpa_dkdv``), else a fixed default, without a warning.
 
     Args:
         q: [total_q, H, D], bf16/fp16/fp32, CUDA. Sequence i is rows

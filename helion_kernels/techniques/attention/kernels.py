@@ -36,7 +36,8 @@ from ...spec import AttentionRow, AttentionShape, KernelSpec
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
-# Not tuned yet: one fixed config, pinned on the kernel ([tile_q, tile_kv]).
+# The default where the registry has no entry (what gdpa ran before it could be tuned):
+# block_sizes = [tile_q, tile_kv].
 GDPA_CONFIG = helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2)
 
 
@@ -53,7 +54,7 @@ def apply_activation(s: torch.Tensor, act: int) -> torch.Tensor:
 
 # Not static_shapes: total_q / total_kv change with every batch of jagged sequences, and a
 # kernel compiled per total would recompile on every call. H and D are specialised.
-@helion.kernel(static_shapes=False, configs=[GDPA_CONFIG])
+@helion.kernel(static_shapes=False)
 def gdpa_kernel(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -152,7 +153,7 @@ def random_jagged_inputs(
 
 # --- GDPA backward ----------------------------------------------------------------------------
 
-# Not tuned yet: fixed configs pinned on the kernels (block_sizes in loop order).
+# The defaults where the registry has no entry (block_sizes in loop order).
 DQ_CONFIG = helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2)  # [tile_q, tile_kv]
 DKDV_CONFIG = helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2)  # [tile_kv, tile_q]
 
@@ -173,7 +174,7 @@ def activation_grad(s: torch.Tensor, act: int) -> torch.Tensor:
     return (s > 0).to(torch.float32)  # ReLU (0 at 0, as torch's)
 
 
-@helion.kernel(static_shapes=False, configs=[DQ_CONFIG])
+@helion.kernel(static_shapes=False)
 def gdpa_dq_kernel(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -212,7 +213,7 @@ def gdpa_dq_kernel(
     return dq
 
 
-@helion.kernel(static_shapes=False, configs=[DKDV_CONFIG])
+@helion.kernel(static_shapes=False)
 def gdpa_dkdv_kernel(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -457,3 +458,62 @@ SPEC = KernelSpec(
     seed_configs=SEED_CONFIGS,
     call_config=with_saved_outputs,
 )
+
+
+# --- GDPA specs: forward, dq, dk/dv, tuned per (H, D) like the forward above -------------------
+
+def _jagged_call(row: AttentionRow, dtype: torch.dtype, device, seed: int | None) -> tuple:
+    """(q, k, v, dout, q_offsets, kv_offsets) of a workload row, values drawn from ``seed``."""
+    seed = 0 if seed is None else seed
+    q, k, v, qo, ko = random_jagged_inputs(row.q_lengths(), [row.seq_len_kv] * row.batch, row.H, row.D, dtype,
+                                           device, seed)
+    gen = torch.Generator(device=device).manual_seed(seed + 2_000_003)
+    return q, k, v, torch.randn(q.shape, generator=gen, device=device).to(dtype), qo, ko
+
+
+def _gdpa_args(row, dtype, device, seed):
+    q, k, v, _, qo, ko = _jagged_call(row, dtype, device, seed)
+    return q, k, v, qo, ko, row.max_seq_len_q, 1.0, ACTIVATIONS.index(ACTIVATION)
+
+
+def _dq_args(row, dtype, device, seed):
+    return (*_jagged_call(row, dtype, device, seed), row.max_seq_len_q, 1.0, ACTIVATIONS.index(ACTIVATION))
+
+
+def _dkdv_args(row, dtype, device, seed):
+    return (*_jagged_call(row, dtype, device, seed), row.seq_len_kv, 1.0, ACTIVATIONS.index(ACTIVATION))
+
+
+def _gdpa_ref(q, k, v, qo, ko, max_seq_len_q, qk_scale, activation) -> tuple[torch.Tensor]:
+    return (gdpa_reference(q, k, v, qo, ko, qk_scale, ACTIVATIONS[activation]),)
+
+
+def _dq_ref(q, k, v, dout, qo, ko, max_seq_len_q, qk_scale, activation) -> tuple[torch.Tensor]:
+    return gdpa_backward_reference(q, k, v, dout, qo, ko, qk_scale, ACTIVATIONS[activation])[:1]
+
+
+def _dkdv_ref(q, k, v, dout, qo, ko, max_seq_len_kv, qk_scale, activation) -> tuple[torch.Tensor, torch.Tensor]:
+    return gdpa_backward_reference(q, k, v, dout, qo, ko, qk_scale, ACTIVATIONS[activation])[1:]
+
+
+def _seeds(tilings) -> tuple:
+    return tuple(helion.Config(block_sizes=[a, b], num_warps=w, num_stages=st) for a, b, w, st in tilings)
+
+
+SPEC_GDPA = KernelSpec(
+    name="gdpa", kernel=gdpa_kernel, workload="attention", make_args=_gdpa_args, key_of=key_of,
+    reference=_gdpa_ref, default_config=GDPA_CONFIG,
+    seed_configs=_seeds(((128, 64, 4, 2), (64, 32, 4, 2), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 2))),
+    warn_default=False)
+SPEC_GDPA_DQ = KernelSpec(
+    name="gdpa_dq", kernel=gdpa_dq_kernel, workload="attention", make_args=_dq_args, key_of=key_of,
+    reference=_dq_ref, default_config=DQ_CONFIG,
+    seed_configs=_seeds(((32, 64, 4, 2), (64, 32, 4, 2), (32, 32, 4, 2), (128, 64, 8, 2), (64, 64, 4, 3))),
+    warn_default=False)
+# Not seeded: [64, 32], 4 warps, 2 stages, which gave a wrong dk on an H200 (every candidate is
+# checked against the reference before it is saved).
+SPEC_GDPA_DKDV = KernelSpec(
+    name="gdpa_dkdv", kernel=gdpa_dkdv_kernel, workload="attention", make_args=_dkdv_args, key_of=key_of,
+    reference=_dkdv_ref, default_config=DKDV_CONFIG,
+    seed_configs=_seeds(((32, 32, 4, 2), (128, 32, 4, 2), (32, 64, 4, 2), (128, 64, 8, 2), (64, 64, 4, 3))),
+    warn_default=False)
