@@ -1,10 +1,11 @@
 """GDPA backward: time each hand-picked config of the dq and the dk/dv kernels at workload rows.
 
-Why: the two backward kernels (:mod:`helion_kernels.techniques.attention.kernels`) run configs pinned
-on them, not tuned; they are most of the FlashNormAttention backward and of ``gdpa``'s. This
+Why: the two backward kernels (:mod:`helion_kernels.techniques.attention.kernels`) ran configs pinned
+on them, not tuned (now their registry's, else those defaults: ``helion-kernels autotune --kernel
+gdpa_dq`` / ``gdpa_dkdv``); they are most of the FlashNormAttention backward and of ``gdpa``'s. This
 sweep times each candidate on the ads-model rows (batch 768, D 128, KV 128, fill 0.5), checks
 its gradients against the fp32 per-sequence autograd reference (5e-2, bf16), and shows which
-one to pin. Run it from the checkout installed with ``pip install -e .``.
+ones to seed the tuning with. Run it from the checkout installed with ``pip install -e .``.
 
     python bench/variants/gdpa_backward_configs.py --rows 2,512 8,1024
     python bench/variants/gdpa_backward_configs.py --rows 8,1024 --configs 64x64/4/2 32x64/4/2 --tag small

@@ -41,6 +41,13 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 GDPA_CONFIG = helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2)
 
 
+def score_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """A [tile_q, tile_kv] product of two tiles inside a Helion kernel (scores, ``dout v^T``):
+    accumulated in fp32, rounded to the inputs' dtype. One name for what
+    ``bench/variants/gdpa_candidates.py`` swaps to try other precisions."""
+    return torch.matmul(a, b)
+
+
 def apply_activation(s: torch.Tensor, act: int) -> torch.Tensor:
     """``ACTIVATIONS[act]`` of a score tile, inside a Helion kernel (``act`` specialized)."""
     if act == 0:  # GELU, tanh approximation
@@ -88,7 +95,7 @@ def gdpa_kernel(
             q_tile = q[tile_q, head, :]
             acc = hl.zeros([tile_q, head_dim], dtype=torch.float32)
             for tile_kv in hl.tile(kv_start, kv_end):
-                p = apply_activation(torch.matmul(q_tile, k[tile_kv, head, :].T) * qk_scale, act)
+                p = apply_activation(score_dot(q_tile, k[tile_kv, head, :].T) * qk_scale, act)
                 acc = torch.addmm(acc, p.to(v.dtype), v[tile_kv, head, :])
             out[tile_q, head, :] = acc.to(out.dtype)
     return out
@@ -205,8 +212,8 @@ def gdpa_dq_kernel(
             acc = hl.zeros([tile_q, head_dim], dtype=torch.float32)
             for tile_kv in hl.tile(kv_start, kv_end):
                 k_tile = k[tile_kv, head, :]
-                s = torch.matmul(q_tile, k_tile.T) * qk_scale
-                dp = torch.matmul(do_tile, v[tile_kv, head, :].T)
+                s = score_dot(q_tile, k_tile.T) * qk_scale
+                dp = score_dot(do_tile, v[tile_kv, head, :].T)
                 ds = dp * activation_grad(s, act)
                 acc = torch.addmm(acc, ds.to(k.dtype), k_tile)
             dq[tile_q, head, :] = (acc * qk_scale).to(dq.dtype)
@@ -247,10 +254,10 @@ def gdpa_dkdv_kernel(
             for tile_q in hl.tile(q_start, q_end):
                 q_tile = q[tile_q, head, :]
                 do_tile = dout[tile_q, head, :]
-                s = torch.matmul(q_tile, k_tile.T) * qk_scale  # [tile_q, tile_kv]
+                s = score_dot(q_tile, k_tile.T) * qk_scale  # [tile_q, tile_kv]
                 p = apply_activation(s, act)
                 dv_acc = torch.addmm(dv_acc, p.to(v.dtype).T, do_tile)
-                ds = torch.matmul(do_tile, v_tile.T) * activation_grad(s, act)
+                ds = score_dot(do_tile, v_tile.T) * activation_grad(s, act)
                 dk_acc = torch.addmm(dk_acc, ds.to(q.dtype).T, q_tile)
             dk[tile_kv, head, :] = (dk_acc * qk_scale).to(dk.dtype)
             dv[tile_kv, head, :] = dv_acc.to(dv.dtype)
@@ -347,7 +354,7 @@ def flash_norm_attention_kernel(
                 ln_q = ln.to(q.dtype)
                 acc = hl.zeros([tile_q, head_dim], dtype=torch.float32)
                 for tile_kv in hl.tile(kv_start, kv_end, block_size=block_kv):
-                    p = apply_activation(torch.matmul(ln_q, k[tile_kv, h, :].T) * qk_scale, act)
+                    p = apply_activation(score_dot(ln_q, k[tile_kv, h, :].T) * qk_scale, act)
                     acc = torch.addmm(acc, p.to(v.dtype), v[tile_kv, h, :])
                 o = (acc + ln).to(out.dtype)
                 o32 = o.to(torch.float32)
