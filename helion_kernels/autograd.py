@@ -133,7 +133,10 @@ def tracing(args: tuple) -> bool:
 
 @functools.cache
 def _inductor(fn):
-    return torch.compile(fn, dynamic=None)
+    # emulate_precision_casts: round a bf16/fp16 intermediate where eager does. Without it,
+    # inductor's Triton code kept the add ops' h = x + residual in fp32 for the statistics
+    # while returning h rounded (bf16 rows of mean 1e3 normalised wrongly on an H100).
+    return torch.compile(fn, dynamic=None, options={"emulate_precision_casts": True})
 
 
 def widths_static(args: tuple) -> tuple:
@@ -167,8 +170,9 @@ def call_compiled(compiled, args: tuple):
 
 def run_compiled(fn, *args):
     """``fn(*args)``, inductor-compiled on CUDA when called eagerly (one fused pass instead of
-    a dozen fp32 kernels; once for the first M and once more for every other M), traced as it
-    is inside the caller's graph, eager on a CPU."""
+    a dozen fp32 kernels; once for the first M and once more for every other M; low-precision
+    intermediates rounded as eager rounds them), traced as it is inside the caller's graph
+    (whose inductor settings then apply), eager on a CPU."""
     if args[0].is_cuda and not tracing(args):
         return call_compiled(_inductor(fn), args)
     return fn(*args)

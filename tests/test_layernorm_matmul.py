@@ -314,3 +314,4 @@ def test_cuda_forward_and_every_gradient(op, shape, dtype, fused, device):
     runtime.clear_cache()
     _check(op, shape, dtype, device, fused)
     _check(op, shape, dtype, device, fused, offset=1e3)
+
