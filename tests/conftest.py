@@ -101,14 +101,17 @@ def poisoned_empty(monkeypatch: pytest.MonkeyPatch) -> None:
     Recycled memory can hold the right answer from an earlier run and hide an element the
     kernel never writes; NaN cannot pass :func:`check_outputs`.
     """
+    from torch._subclasses.fake_tensor import is_fake
+
     empty = torch.empty
 
     def nan_empty(*args, **kwargs):
         t = empty(*args, **kwargs)
-        # Not while torch.compile traces (a graph allocates its outputs itself; traced, the
-        # fill becomes a copy_ into a graph-made tensor, which inductor rejects: the add ops'
-        # compiled statistics pass failed so on the GPU, tests/test_layernorm_matmul.py).
-        if torch.compiler.is_compiling():
+        # Only real tensors made eagerly: not while torch.compile or make_fx traces (dynamo,
+        # or an active dispatch mode: a decomposition such as new_empty's calls torch.empty),
+        # where the fill became a copy_ into a graph-made tensor that inductor rejected on the
+        # GPU (the add ops' compiled statistics pass, tests/test_poisoned_empty.py).
+        if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0 or is_fake(t):
             return t
         # Not a leaf that requires grad: inductor's first compile in a process builds its
         # pattern examples that way, and an in-place fill on one raises (seen on the GPU when

@@ -24,3 +24,22 @@ def test_a_compiled_graph_that_allocates(monkeypatch):
     x, residual = torch.randn(6, 40), torch.randn(6, 40)
     for got, want in zip(torch.compile(add_and_empty, fullgraph=True)(x, residual), add_and_empty(x, residual)):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("tracing_mode", ["real", "fake", "symbolic"])
+def test_a_traced_decomposition_that_allocates(tracing_mode):
+    """Inductor traces ``new_empty`` through its Python decomposition, which calls
+    ``torch.empty`` under a dispatch mode (where the GPU run still failed with only dynamo's
+    tracing excluded): no fill may enter the traced graph."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def decomposed(h):
+        return h + 1, torch._refs.new_empty(h, (0,), dtype=torch.float32)
+
+    graph = make_fx(decomposed, tracing_mode=tracing_mode)(torch.randn(4, 8)).graph
+    assert not [n for n in graph.nodes if n.op == "call_function" and "fill" in str(n.target)]
+
+
+def test_an_eager_allocation_is_poisoned():
+    """The fixture still does its job where it is meant to: eager float allocations are NaN."""
+    assert torch.empty(5).isnan().all() and torch.empty(2, 3, dtype=torch.bfloat16).isnan().all()
