@@ -379,8 +379,8 @@ def codegen_status(kernel, args: tuple, config) -> str:
 
 
 def cpu_report(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype) -> pd.DataFrame:
-    """What can be shown without a GPU: per registry key of ``problems`` and per GPU in the
-    registry, the config a call would run with (:func:`~.registry.lookup`), checked to
+    """What can be shown without a GPU: per registry key of ``problems`` and per GPU with
+    entries of this kernel (else every GPU in the registry), the config a call would run with (:func:`~.registry.lookup`), checked to
     generate Triton code for that problem with the installed Helion."""
     # Code generation is what is checked, also when HELION_INTERPRET=1 is set, with the build
     # a call would run: the static one, or for a dynamic_m spec at a shape not tuned exactly
@@ -389,7 +389,8 @@ def cpu_report(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype) ->
                for static in (spec.kernel.settings.static_shapes, False)}
     name = registry.dtype_name(dtype)
     rows = []
-    for gpu in registry.known_gpus() or ["(none)"]:
+    known = registry.known_gpus()
+    for gpu in [g for g in known if registry.entries_for(spec.name, g)] or known or ["(none)"]:
         for key, problem in tuning_problems(spec, problems).items():
             args = spec.make_args(problem.for_codegen(), dtype, "cpu", None)  # uninitialised: codegen only
             found = registry.lookup(spec.name, key, name, gpu, warn=False)

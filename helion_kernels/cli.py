@@ -22,6 +22,7 @@ import torch
 
 from . import registry, workloads
 from .techniques import CATALOG, DEPRECATED, canonical_name, get_spec
+from .spec import ATTENTION_WORKLOAD
 
 DTYPES = {name: getattr(torch, name) for name in registry.DTYPE_NAMES}
 WIDTH = 120  # what the CPU report is laid out for
@@ -152,7 +153,7 @@ def _problems(args: argparse.Namespace) -> list:
     if getattr(args, "shape", None):
         if kind != "gemm":
             raise ValueError(f"{args.kernel} is tuned on {kind} workload rows (sequence lengths), not "
-                             f"--shape; use --workload (e.g. {args.kernel}) [--where 'H == 4']")
+                             f"--shape; use --workload {ATTENTION_WORKLOAD} [--where 'H == 4']")
         if args.where:
             raise ValueError("--where applies to --workload, not --shape")
         return [workloads.parse_shape(args.shape)]
@@ -231,7 +232,8 @@ def _cpu_bench(args: argparse.Namespace, spec, problems: list) -> int:
         "result.", WIDTH) + "\n")
     print(shown.to_string(index=False, na_rep="-", float_format=lambda v: f"{v:.4g}"))
     print()
-    tables = ", ".join(f"bench/results/{g}/{_stem(args, spec.name)}.csv" for g in gpus)
+    tables = ", ".join(f"bench/results/{g}/{_stem(args, spec.name)}.csv" for g in gpus
+                       if results.table_path(g, spec.name, args.workload).is_file())  # GPUs with results
     for text in (CPU_LEGEND, RUNS_LEGEND if "runs" in shown.columns else "",
                  results.COMMITTED_LEGEND.format(table=tables) if "fused_ms" in shown.columns
                  else f"No committed GPU results of {spec.name} on {args.workload}."):

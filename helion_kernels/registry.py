@@ -57,7 +57,7 @@ import filelock
 import torch
 
 from . import liger_norm
-from .spec import AttentionShape, Shape
+from .spec import ATTENTION_WORKLOAD, AttentionShape, Shape
 
 KEY_TYPES = (Shape, AttentionShape)
 FORMAT_VERSION = 1
@@ -466,7 +466,7 @@ def tune_command(kernel: str, shape: Shape | AttentionShape, dtype: str, gpu: st
     """The CLI command that tunes ``kernel`` at ``shape`` (attention kernels tune workload
     rows, which carry the sequence lengths the config is timed on)."""
     if isinstance(shape, AttentionShape):
-        return (f"helion-kernels autotune --kernel {kernel} --workload {kernel} "
+        return (f"helion-kernels autotune --kernel {kernel} --workload {ATTENTION_WORKLOAD} "
                 f"--where 'H == {shape.H} and D == {shape.D}' --dtype {dtype}")
     return f"helion-kernels autotune --kernel {kernel} --shape {shape.M},{shape.K},{shape.N} --dtype {dtype}"
 

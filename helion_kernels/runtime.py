@@ -88,6 +88,7 @@ class _Launch:
 _LAUNCHES: dict[tuple, _Launch] = {}  # call signature -> what launched for it
 _DECISIONS: dict[tuple, Decision] = {}  # (spec, flags, shapes, dtype, device) -> decision
 _SHRUNK: dict[tuple, Any] = {}  # a config refused for shared memory (_shrink_key) -> the one that launched
+_RESOLVED: dict[tuple, Resolved] = {}  # (spec, registry key, dtype, device, tensors passed) -> resolve()
 _WARNED: set[tuple] = set()  # fallback warnings given once per shape apart from M
 _MAX_ENTRIES = 4096  # a long run with a new M every step must not grow without bound
 
@@ -201,9 +202,13 @@ def _compiled(spec: KernelSpec, args: tuple, resolved: Resolved) -> Callable:
 
 
 def _resolved(spec: KernelSpec, args: tuple) -> Resolved:
-    """:func:`resolve`, with a config the GPU refused before (at another M) replaced by the
-    smaller one that launched then."""
-    resolved = resolve(spec, args)
+    """:func:`resolve` (once per spec, registry key, dtype, device and optional tensors passed,
+    until :func:`clear_cache`), with a config the GPU refused before (at another M) replaced by
+    the smaller one that launched then."""
+    key = (spec.name, spec.key_of(args), args[0].dtype, args[0].device, tuple(isinstance(t, torch.Tensor) for t in args))
+    resolved = _RESOLVED.get(key)
+    if resolved is None:  # a jagged call changes its totals every step: one registry read per key
+        resolved = _store(_RESOLVED, key, resolve(spec, args))
     smaller = _SHRUNK.get(_shrink_key(spec, args, resolved.config))
     return resolved if smaller is None else dataclasses.replace(resolved, config=smaller)
 
@@ -435,7 +440,7 @@ def _warn_followed(spec: KernelSpec, args: tuple, decision: Decision, training: 
 def clear_cache() -> None:
     """Forget compiled launches and decisions, so the next call re-reads the registry (a
     registry written by ``helion-kernels autotune`` in another process is then seen)."""
-    for cache in (_LAUNCHES, _DECISIONS, _SHRUNK, _WARNED):
+    for cache in (_LAUNCHES, _DECISIONS, _SHRUNK, _RESOLVED, _WARNED):
         cache.clear()
     _dynamic_build.cache_clear()
 

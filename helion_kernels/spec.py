@@ -46,6 +46,9 @@ class Shape(NamedTuple):
         return self
 
 
+ATTENTION_WORKLOAD = "flash_norm_attention"  # the attention table (configs/attention_workloads/) every attention kernel is tuned on
+
+
 class AttentionShape(NamedTuple):
     """Registry key of the jagged attention kernels: heads H and head_dim D."""
 

@@ -150,3 +150,24 @@ def test_gdpa_kernels_take_their_registry_config_and_run_their_default_quietly(n
     for got, want in zip(runtime.launch(spec, args) if name == "gdpa_dkdv" else (runtime.launch(spec, args),),
                          spec.reference(*args)):
         assert check_outputs((got,), (want,), torch.float32) < 1e-4
+
+
+def test_a_jagged_call_reads_the_registry_once_per_key(monkeypatch):
+    """Jagged totals change every step, so the launch cache (keyed on shapes) misses each call;
+    the registry is still read once per (H, D), dtype and device, until clear_cache."""
+    from helion_kernels.spec import AttentionRow
+    from helion_kernels.techniques import get_spec
+
+    spec = get_spec("gdpa_dq")
+    calls = []
+    resolve = runtime.resolve
+    monkeypatch.setattr(runtime, "resolve", lambda *a, **k: calls.append(a) or resolve(*a, **k))
+    runtime.clear_cache()
+    for batch in (3, 4, 5):  # three totals, one key
+        runtime._resolved(spec, spec.make_args(AttentionRow(batch, 2, 32, 40, 20, 0.5, 0), torch.float32, "cpu", 0))
+    assert len(calls) == 1
+    runtime._resolved(spec, spec.make_args(AttentionRow(3, 4, 32, 40, 20, 0.5, 0), torch.float32, "cpu", 0))
+    assert len(calls) == 2  # another H
+    runtime.clear_cache()
+    runtime._resolved(spec, spec.make_args(AttentionRow(3, 2, 32, 40, 20, 0.5, 0), torch.float32, "cpu", 0))
+    assert len(calls) == 3

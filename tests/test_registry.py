@@ -290,7 +290,7 @@ def test_attention_entries_round_trip_and_resolve(registry_dir):
     assert entries[(2, 128, "bfloat16")].shape == AttentionShape(2, 128)
     assert entries[(2, 128, "bfloat16")].meta == {"latency_ms": 1.0}
     assert registry.lookup("fna", AttentionShape(8, 128), torch.bfloat16, "g_sm90").source == "exact"
-    with pytest.warns(ConfigFallbackWarning, match=r"H4xD128 .* --kernel fna --workload fna --where 'H == 4 and D == 128'"):
+    with pytest.warns(ConfigFallbackWarning, match=r"H4xD128 .* --kernel fna --workload flash_norm_attention --where 'H == 4 and D == 128'"):
         near = registry.lookup("fna", AttentionShape(4, 128), torch.bfloat16, "g_sm90")
     assert near.source == "nearest" and near.entry.shape == AttentionShape(8, 128)  # tie: larger
     assert registry.nearest_entry(entries, Shape(1, 2, 3), "bfloat16") is None
@@ -419,3 +419,16 @@ def test_result_rows_and_newest_rows(tmp_path, capsys):
         assert kept.file.tolist() == ["new.csv"] and f"left out {path.name}" in capsys.readouterr().err
     assert results.result_rows([]).empty
     assert results.result_rows(str(new)).file.tolist() == results.result_rows(new).file.tolist() == ["new.csv"]
+
+
+def test_the_tune_command_of_an_attention_kernel_names_the_attention_workload():
+    """Every attention kernel tunes on the attention table (not a table named after itself)."""
+    from helion_kernels.spec import ATTENTION_WORKLOAD, AttentionShape
+    from helion_kernels.techniques import CATALOG
+    from helion_kernels.workloads import list_workloads
+
+    assert ATTENTION_WORKLOAD in list_workloads("attention")
+    for name, entry in CATALOG.items():
+        if entry.workload == "attention":
+            command = registry.tune_command(name, AttentionShape(4, 128), "bfloat16")
+            assert f"--kernel {name} --workload {ATTENTION_WORKLOAD} " in command, command

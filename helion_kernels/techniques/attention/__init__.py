@@ -201,7 +201,8 @@ def gdpa(
     The attention of the ads models in the PyTorch blog "Towards Free Normalization" (Meta,
     2026), an activation in place of the softmax (:mod:`.kernels`). Its three kernels (forward,
     dq, dk/dv) take their registry configs for (H, D) (``helion-kernels autotune --kernel gdpa``,
-    ``gdpa_dq``, ``gdpa_dkdv``), else a fixed default, without a warning.
+    ``gdpa_dq`` or ``gdpa_dkdv`` ``--workload flash_norm_attention``), else a fixed default,
+    without a warning.
 
     Args:
         q: [total_q, H, D], bf16/fp16/fp32, CUDA. Sequence i is rows
@@ -278,7 +279,7 @@ def flash_norm_attention(
         records the call the kernel also writes the un-normalised ``o = gdpa(ln_q) + ln_q``
         and each row's fp32 statistics of both norms (as FlashAttention saves its output);
         the backward is the RMSNorm's backward (one compiled row pass over H*D), the GDPA
-        backward kernels on the recomputed ``ln_q``, and the LayerNorm's backward (a second
+        backward kernels (their ``gdpa_dq`` / ``gdpa_dkdv`` registry configs) on the recomputed ``ln_q``, and the LayerNorm's backward (a second
         row pass); the scores are recomputed, never stored.
 
     Raises:
