@@ -45,6 +45,9 @@ class Headline:
 
 PRE = "cuBLAS + the faster standalone RMSNorm of the inductor-compiled and Liger's, per row"
 POST = "cuBLAS + the faster standalone norm of the inductor-compiled and Liger's, per row"
+ATTENTION_CHANGED = ("the attention kernels changed since: fp32 score tiles and a sigmoid-form GELU, 1.4-2.1x "
+                     "faster per kernel on an H100 (`nvidia_h100_80gb_hbm3_sm90/variants/gdpa_candidates.md`); "
+                     "stale until re-run")
 HEADLINES = [
     Headline(
         "Deferred pre-norm (`rmsnorm_matmul`)", ("rmsnorm_matmul_prenorm_rmsnorm",),
@@ -98,19 +101,19 @@ HEADLINES = [
         "the unfused block (norms on the jagged rows, attention on zero-padded copies) compiled with "
         "torch.compile(dynamic=True); `gdpa` with one untuned config between eager norms",
         caveat="soft baselines: the compiled block pads the jagged rows, and runs 1.2-1.7x slower than the same "
-               "block eager in the forward + backward table; `gdpa` runs one untuned config"),
+               "block eager in the forward + backward table; `gdpa` runs one untuned config; " + ATTENTION_CHANGED),
     Headline(
         "FlashNormAttention forward + backward (`FlashNormAttention`)", ("attention_training_step_flash_norm_attention",),
         "{compiled}x the speed of the unfused block under torch.compile, {eager}x the same block eager, "
         "{gdpa}x `gdpa` (with its backward) between eager norms (below 1: slower)",
         {"compiled": "speedup_vs_compiled", "eager": "unfused_eager_ms / fused_ms", "gdpa": "speedup_vs_gdpa+eager_norms"},
-        "as above (soft: padded, one untuned `gdpa` config)", where="timer == 'graph'"),
+        "as above (soft: padded, one untuned `gdpa` config)", where="timer == 'graph'", caveat=ATTENTION_CHANGED),
     Headline(
         "FlashNormAttention forward + backward, eager loop", ("attention_training_step_flash_norm_attention",),
         "{compiled}x the speed of the unfused block under torch.compile, {gdpa}x `gdpa` between eager norms",
         {"compiled": "speedup_vs_compiled", "gdpa": "speedup_vs_gdpa+eager_norms"},
         "as above", where="timer == 'plain'",
-        caveat="measured before the per-call host cost was cut; stale until re-run"),
+        caveat="measured before the per-call host cost was cut; " + ATTENTION_CHANGED),
     Headline(
         "Training step, forward + backward (`RMSNormLinear`, `LinearLayerNorm`, `LinearRMSNorm`)",
         ("training_step_training",),

@@ -1,7 +1,7 @@
-"""The attention precision candidates (``bench/variants/gdpa_candidates.py``): each candidate
-of each kernel against the kernel's fp32 reference, in reference mode and in the generated
-Triton code under the interpreter, so that a GPU run times only candidates whose math is right;
-and the sigmoid form of the tanh-GELU and of its derivative against autograd."""
+"""The attention precision variants (``bench/variants/gdpa_candidates.py``): each variant of
+each kernel against the kernel's fp32 reference, in reference mode and in the generated Triton
+code under the interpreter, so that a GPU run times only variants whose math is right; and the
+tanh forms of the GELU and of its derivative (the kernels' before) against torch."""
 
 from __future__ import annotations
 
@@ -36,27 +36,35 @@ def test_candidates_in_reference_mode(name, candidate):
 
 
 @pytest.mark.triton_interpret
-@pytest.mark.parametrize("candidate", ["shipped", "fp32+sigmoid"])
+@pytest.mark.parametrize("candidate", ["shipped", "bf16+tanh"])
 @pytest.mark.parametrize("name", gdpa_candidates.KERNELS)
 def test_candidates_under_the_interpreter(name, candidate):
     """fp16: Triton's interpreter has no bf16 constants (the shipped kernels build some)."""
     _check(name, candidate, torch.float16, SMALL, 1e-2)
 
 
-def test_the_sigmoid_gelu_and_its_derivative():
+def test_the_tanh_gelu_and_its_derivative():
     s = torch.linspace(-8, 8, 2001, dtype=torch.float64, requires_grad=True)
     want = torch.nn.functional.gelu(s, approximate="tanh")
-    torch.testing.assert_close(gdpa_candidates.sigmoid_activation(s, 0), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gdpa_candidates.tanh_activation(s, 0), want, rtol=1e-12, atol=1e-12)
     (grad,) = torch.autograd.grad(want.sum(), s)
-    torch.testing.assert_close(gdpa_candidates.sigmoid_activation_grad(s.detach(), 0), grad, rtol=1e-12,
-                               atol=1e-12)
+    torch.testing.assert_close(gdpa_candidates.tanh_activation_grad(s.detach(), 0), grad, rtol=1e-12, atol=1e-12)
 
 
 def test_a_swap_reaches_the_kernel():
-    """The candidate kernel reads the swapped helper (a wrong one fails), the shipped is untouched."""
+    """The variant's kernel reads the swapped helper, the shipped kernel is untouched."""
     spec = get_spec("gdpa")
-    shipped = gdpa_candidates.candidate_kernel(spec.kernel, "shipped")
-    assert shipped is spec.kernel
-    fp32 = gdpa_candidates.candidate_kernel(spec.kernel, "fp32")
-    assert fp32 is not spec.kernel and fp32.fn.__globals__["score_dot"] is gdpa_candidates.fp32_dot
-    assert spec.kernel.fn.__globals__["score_dot"] is not gdpa_candidates.fp32_dot
+    assert gdpa_candidates.candidate_kernel(spec.kernel, "shipped") is spec.kernel
+    before = gdpa_candidates.candidate_kernel(spec.kernel, "bf16+tanh")
+    assert before is not spec.kernel and before.fn.__globals__["score_dot"] is gdpa_candidates.rounded_dot
+    assert spec.kernel.fn.__globals__["score_dot"] is not gdpa_candidates.rounded_dot
+
+
+def test_a_config_is_needed_outside_reference_mode(monkeypatch):
+    """Without a config a Helion kernel autotunes itself on a GPU: refused."""
+    from helion_kernels import runtime
+
+    monkeypatch.setattr(runtime, "reference_mode", lambda kernel: False)
+    spec = get_spec("gdpa")
+    with pytest.raises(ValueError, match="a config is needed"):
+        gdpa_candidates.run_candidate("gdpa", "shipped", spec.make_args(ROW, torch.float32, "cpu", 0), None)

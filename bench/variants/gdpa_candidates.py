@@ -1,23 +1,22 @@
-"""Candidate precisions for the jagged attention kernels, timed beside the shipped ones.
+"""Precisions of the jagged attention kernels, timed side by side: the shipped ones and those before.
 
-Why (issue: the FlashNormAttention forward sits 6.3-9.7x above its byte floor, the GDPA
-backward about 5x): the shipped kernels round each [tile_q, tile_kv] product (the scores,
-``dout v^T``) to bf16 and Helion then evaluates the activation, or its derivative, in bf16
-arithmetic: a conversion before and after nearly every operation, and the tanh of the GELU
-through libdevice. The candidates swap the kernels' helpers, not their bodies:
+Why (issue: the FlashNormAttention forward sat 6.3-9.7x above its byte floor, the GDPA backward
+about 5x): the kernels rounded each [tile_q, tile_kv] product (the scores, ``dout v^T``) to
+bf16, and Helion then evaluated the activation, or its derivative, in bf16 arithmetic: a
+conversion before and after nearly every operation, and the tanh of the GELU through
+libdevice. Since 2026-12-07 the kernels take the fp32 product and the sigmoid form (measured
+here first, on an H100, as candidates ``fp32`` and ``fp32+sigmoid`` of commit 5b8e019). The
+variants swap the kernels' helpers, not their bodies:
 
-* ``shipped``: the kernels as the ops run them;
-* ``fp32``: ``score_dot`` accumulates and returns fp32 (``hl.dot(out_dtype=float32)``), so the
-  activation and its derivative run in fp32 (one rounding, of ``p`` / ``ds``, before the next
-  product);
-* ``fp32+sigmoid``: ``fp32``, and the tanh-GELU as ``s * sigmoid(2 z)`` (the same function:
-  ``0.5 (1 + tanh z) = sigmoid(2 z)``), its derivative likewise.
+* ``shipped``: the kernels as the ops run them (fp32 products, GELU as ``s * sigmoid(2 z)``);
+* ``fp32+tanh``: fp32 products, the tanh-GELU and its derivative through ``tanh``;
+* ``bf16+tanh``: the kernels before: products rounded to the inputs' dtype, then ``tanh``.
 
 Every kernel (``gdpa``, ``flash_norm_attention``, ``gdpa_dq``, ``gdpa_dkdv``) runs its
-registry config for (H, D) (else its default) with each candidate, is checked against its
-fp32 reference (bf16: 3e-2 forward, 5e-2 backward) and timed by CUDA-graph replay
-(``time_ms``, median). ``over_floor``: time / the byte floor at this GPU's copy ceiling
-(``ceilings.md``; bytes: each input read once and each output written once).
+registry config for (H, D) (else its default) with each variant, is checked against its fp32
+reference (bf16: 3e-2 forward, 5e-2 backward) and timed by CUDA-graph replay (``time_ms``,
+median). ``over_floor``: time / the byte floor at this GPU's copy ceiling (``ceilings.md``;
+bytes: each input read once and each output written once).
 
     python bench/variants/gdpa_candidates.py [--rows 2,256 8,1024 8,3000] [--kernels gdpa ...]
 
@@ -35,7 +34,6 @@ import types
 from pathlib import Path
 
 import helion
-import helion.language as hl
 import pandas as pd
 import torch
 
@@ -47,31 +45,32 @@ from helion_kernels.techniques.attention import kernels as attention
 
 KERNELS = ("gdpa", "flash_norm_attention", "gdpa_dq", "gdpa_dkdv")
 TOLERANCE = {"gdpa": 3e-2, "flash_norm_attention": 3e-2, "gdpa_dq": 5e-2, "gdpa_dkdv": 5e-2}
-_TWO_C = 2.0 * math.sqrt(2.0 / math.pi)  # 2 sqrt(2/pi): sigmoid(2 z) = 0.5 (1 + tanh z)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-def fp32_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return hl.dot(a, b, out_dtype=torch.float32)
+def rounded_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The product as before: accumulated in fp32, rounded to the inputs' dtype."""
+    return torch.matmul(a, b)
 
 
-def sigmoid_activation(s: torch.Tensor, act: int) -> torch.Tensor:
+def tanh_activation(s: torch.Tensor, act: int) -> torch.Tensor:
     if act == 0:
-        return s * torch.sigmoid(_TWO_C * (s + 0.044715 * s * s * s))
+        return 0.5 * s * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (s + 0.044715 * s * s * s)))
     return attention.apply_activation(s, act)
 
 
-def sigmoid_activation_grad(s: torch.Tensor, act: int) -> torch.Tensor:
-    if act == 0:  # d/ds [s sig(u)] = sig + s sig (1 - sig) du/ds, u = 2c (s + 0.044715 s^3)
-        sig = torch.sigmoid(_TWO_C * (s + 0.044715 * s * s * s))
-        return sig + s * sig * (1.0 - sig) * _TWO_C * (1.0 + 3.0 * 0.044715 * s * s)
+def tanh_activation_grad(s: torch.Tensor, act: int) -> torch.Tensor:
+    if act == 0:
+        t = torch.tanh(_SQRT_2_OVER_PI * (s + 0.044715 * s * s * s))
+        return 0.5 * (1.0 + t) + 0.5 * s * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * s * s)
     return attention.activation_grad(s, act)
 
 
+_TANH = {"apply_activation": tanh_activation, "activation_grad": tanh_activation_grad}
 CANDIDATES: dict[str, dict] = {
     "shipped": {},
-    "fp32": {"score_dot": fp32_dot},
-    "fp32+sigmoid": {"score_dot": fp32_dot, "apply_activation": sigmoid_activation,
-                     "activation_grad": sigmoid_activation_grad},
+    "fp32+tanh": _TANH,
+    "bf16+tanh": {"score_dot": rounded_dot, **_TANH},
 }
 
 
@@ -98,11 +97,13 @@ def candidate_kernel(kernel, candidate: str):
 
 
 def run_candidate(name: str, candidate: str, args: tuple, config: helion.Config | None):
-    """The outputs of kernel ``name`` with ``candidate`` on ``args`` (``config`` None: as the
-    kernel runs by itself, e.g. in reference mode) and the compiled callable, for timing."""
+    """The outputs of kernel ``name`` with ``candidate`` on ``args`` (``config`` None: in
+    Helion's reference mode only) and the compiled callable, for timing."""
     spec = get_spec(name)
     kernel = candidate_kernel(spec.kernel, candidate)
     if config is None:
+        if not runtime.reference_mode(kernel):  # a Helion kernel called without a config autotunes
+            raise ValueError("run_candidate: a config is needed outside Helion's reference mode")
         return kernel(*args), (lambda: kernel(*args))
     run = kernel.bind(args).compile_config(config)
     return run(*args), (lambda: run(*args))
@@ -173,7 +174,7 @@ def main(argv=None) -> int:
             shipped = df[df.candidate == "shipped"].set_index(["kernel", "H", "max_seq_len_q"])["ms"]
             df["speedup_vs_shipped"] = [shipped.get((r.kernel, r.H, r.max_seq_len_q), float("nan")) / r.ms
                                         for r in df.itertuples()]
-        write_table(df, stem, f"GDPA / FlashNormAttention precision candidates on {torch.cuda.get_device_name()}", [
+        write_table(df, stem, f"GDPA / FlashNormAttention precisions on {torch.cuda.get_device_name()}", [
             f"command: `{command}`", "rows: batch 768, D 128, KV 128, fill 0.5, bf16, fast_gelu, qk_scale 1",
             "timer: CUDA-graph replay (helion_kernels.timing.time_ms), median; one input set",
             f"byte floor at {ceilings.bandwidth_gbps:.0f} GB/s copy (read + write), from this GPU's ceilings.md (measured now where missing)",

@@ -42,16 +42,21 @@ GDPA_CONFIG = helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2)
 
 
 def score_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """A [tile_q, tile_kv] product of two tiles inside a Helion kernel (scores, ``dout v^T``):
-    accumulated in fp32, rounded to the inputs' dtype. One name for what
-    ``bench/variants/gdpa_candidates.py`` swaps to try other precisions."""
-    return torch.matmul(a, b)
+    """A [tile_q, tile_kv] product of two tiles inside a Helion kernel (scores, ``dout v^T``),
+    accumulated and returned in fp32: the activation and its derivative then run in fp32, and
+    only ``p`` / ``ds`` are rounded, once, before the next product. (Rounded to bf16 first,
+    as ``torch.matmul`` of two bf16 tiles is, Helion evaluated the activation in bf16
+    arithmetic: 1.4-2.1x slower on an H100, ``bench/results/<gpu>/variants/gdpa_candidates.md``.)"""
+    return hl.dot(a, b, out_dtype=torch.float32)
+
+
+_TWO_SQRT_2_OVER_PI = 2.0 * _SQRT_2_OVER_PI
 
 
 def apply_activation(s: torch.Tensor, act: int) -> torch.Tensor:
     """``ACTIVATIONS[act]`` of a score tile, inside a Helion kernel (``act`` specialized)."""
-    if act == 0:  # GELU, tanh approximation
-        return 0.5 * s * (1.0 + torch.tanh(_SQRT_2_OVER_PI * (s + 0.044715 * s * s * s)))
+    if act == 0:  # GELU, tanh approximation, as s * sigmoid(2 z): 0.5 (1 + tanh z) = sigmoid(2 z)
+        return s * torch.sigmoid(_TWO_SQRT_2_OVER_PI * (s + 0.044715 * s * s * s))
     if act == 1:
         return F.gelu(s)
     if act == 2:
@@ -170,9 +175,9 @@ _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 
 def activation_grad(s: torch.Tensor, act: int) -> torch.Tensor:
     """``act'(s)`` for ``ACTIVATIONS[act]``, inside a Helion kernel (``act`` specialized)."""
-    if act == 0:  # GELU, tanh approximation
-        t = torch.tanh(_SQRT_2_OVER_PI * (s + 0.044715 * s * s * s))
-        return 0.5 * (1.0 + t) + 0.5 * s * (1.0 - t * t) * _SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * s * s)
+    if act == 0:  # GELU, tanh approximation: d/ds [s sig(u)], u = 2 sqrt(2/pi) (s + 0.044715 s^3)
+        sig = torch.sigmoid(_TWO_SQRT_2_OVER_PI * (s + 0.044715 * s * s * s))
+        return sig + s * sig * (1.0 - sig) * _TWO_SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * s * s)
     if act == 1:  # GELU: Phi(s) + s phi(s)
         return 0.5 * (1.0 + torch.erf(s * _INV_SQRT_2)) + s * torch.exp(-0.5 * s * s) * _INV_SQRT_2PI
     if act == 2:  # SiLU
