@@ -238,7 +238,8 @@ def launch(spec: KernelSpec, args: tuple):
     """Run ``spec.kernel`` on already-validated ``args`` with its registry config.
 
     The config is the registry's exact entry for the shape, else the nearest tuned shape's,
-    else the kernel's default (both with a ``ConfigFallbackWarning``, once per shape). Where
+    else the kernel's default (both with a ``ConfigFallbackWarning``, once per shape; the
+    default unwarned for a spec with ``warn_default=False``). Where
     the GPU refuses the first launch of a signature for want of shared memory (a call that
     adds a store to the tuned kernel can need more than the tuned config did), the spec's
     ``smaller_config`` steps are taken until one launches, with a ``ConfigFallbackWarning``.
