@@ -12,18 +12,20 @@ def add_and_empty(x, residual):
     return h, h.new_empty(0, dtype=torch.float32)
 
 
-def test_a_compiled_graph_that_allocates(monkeypatch):
+def test_a_compiled_graph_that_allocates():
     """On CUDA the add ops compile their add + statistics pass with inductor (run_compiled).
     Under the NaN-poisoned ``torch.empty`` those compiles failed on the GPU: traced, the fill
     became a copy_ into a graph-made tensor, which inductor rejects. A graph of that form
-    compiles here and matches eager (inductor's caches off: a cached graph hides the fault)."""
+    compiles here and matches eager (inductor's caches off: a cached graph hides the fault;
+    config.patch, not monkeypatch, whose undo deletes the aliased setting)."""
     import torch._inductor.config
 
-    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)
     torch._dynamo.reset()
     x, residual = torch.randn(6, 40), torch.randn(6, 40)
-    for got, want in zip(torch.compile(add_and_empty, fullgraph=True)(x, residual), add_and_empty(x, residual)):
-        torch.testing.assert_close(got, want)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        got = torch.compile(add_and_empty, fullgraph=True)(x, residual)
+    for g, w in zip(got, add_and_empty(x, residual)):
+        torch.testing.assert_close(g, w)
 
 
 @pytest.mark.parametrize("tracing_mode", ["real", "fake", "symbolic"])

@@ -219,9 +219,9 @@ def gdpa(
             and rows of a sequence longer than ``max_seq_len_q`` are left uninitialised.
 
     Returns:
-        [total_q, H, D] in the input dtype (fp32 accumulation; the activation's output is
-        rounded to the input dtype before the second GEMM, as in flash attention, so fp16
-        scores past 65504 overflow). Rows of a sequence with no KV rows are 0.
+        [total_q, H, D] in the input dtype (fp32 scores and accumulation; the activation's
+        output is rounded to the input dtype before the second GEMM, as in flash attention,
+        so with fp16 an activation past 65504 overflows). Rows of a sequence with no KV rows are 0.
         Differentiable in ``q``, ``k`` and ``v``: the backward recomputes the scores and runs
         two deterministic Helion kernels (dq; dk and dv), nothing saved beyond the inputs
         (:mod:`.kernels`).
