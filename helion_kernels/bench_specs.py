@@ -320,17 +320,6 @@ def _attention_baselines(q, k, v, qo, ko, max_seq_len_q, ln_weight, ln_bias, rms
             "gdpa+eager_norms": gdpa_eager_norms}
 
 
-def _attention_min_bytes(row: AttentionRow, dtype: torch.dtype) -> int:
-    """Read q, k, v once and write out once."""
-    total_q, total_kv = sum(row.q_lengths()), row.batch * row.seq_len_kv
-    return dtype.itemsize * row.H * row.D * (2 * total_q + 2 * total_kv)
-
-
-def _attention_flops(row: AttentionRow) -> int:
-    """Two GEMMs per head and sequence: 2 * 2 * len_q * len_kv * D * H."""
-    return 4 * row.H * row.D * row.seq_len_kv * sum(row.q_lengths())
-
-
 def _default_config_baseline(kernel_name: str):
     """Baselines of a GDPA kernel: the same kernel at its default config (what the ops ran
     before they could be tuned), compiled once."""
@@ -345,9 +334,9 @@ def _default_config_baseline(kernel_name: str):
     return baselines
 
 
-def _gdpa_kernel_bytes(q_sized: int, kv_sized: int):
-    """Bytes a GDPA kernel must move: ``q_sized`` [total_q, H, D] and ``kv_sized`` [total_kv,
-    H, D] tensors, each read or written once."""
+def _jagged_bytes(q_sized: int, kv_sized: int):
+    """Bytes a jagged attention kernel must move: ``q_sized`` [total_q, H, D] and ``kv_sized``
+    [total_kv, H, D] tensors, each read or written once (the forward: q, k, v in, out out)."""
 
     def min_bytes(row: AttentionRow, dtype: torch.dtype) -> int:
         total_q, total_kv = sum(row.q_lengths()), row.batch * row.seq_len_kv
@@ -356,8 +345,8 @@ def _gdpa_kernel_bytes(q_sized: int, kv_sized: int):
     return min_bytes
 
 
-def _gdpa_kernel_flops(gemms: int):
-    """``gemms`` products of [len_q, len_kv, D] per head and sequence."""
+def _jagged_flops(gemms: int):
+    """``gemms`` products of [len_q, len_kv, D] per head and sequence (the forward: 2)."""
     return lambda row: gemms * 2 * row.H * row.D * row.seq_len_kv * sum(row.q_lengths())
 
 
@@ -405,17 +394,17 @@ BENCH_SPECS: dict[str, BenchSpec] = {
         f"{_BLOG})", gemm_flops, gemm_min_bytes, _deferred_baselines, ("cublas_mm",), gemm_twin="matmul",
         dispatch_fused=_deferred_fused),
     "flash_norm_attention": BenchSpec(
-        f"FlashNormAttention on jagged GDPA (technique 4, {_BLOG})", _attention_flops, _attention_min_bytes,
+        f"FlashNormAttention on jagged GDPA (technique 4, {_BLOG})", _jagged_flops(2), _jagged_bytes(2, 2),
         _attention_baselines, ("unfused_compiled", "unfused_eager", "gdpa+eager_norms"),
         checked_baselines=("unfused_compiled",), plot_relative_to="unfused_compiled", aim=1.35),
-    "gdpa": BenchSpec(f"jagged GDPA, the attention of technique 4's unfused block ({_BLOG})", _gdpa_kernel_flops(2),
-                      _gdpa_kernel_bytes(2, 2), _default_config_baseline("gdpa"), ("default_config",),
+    "gdpa": BenchSpec(f"jagged GDPA, the attention of technique 4's unfused block ({_BLOG})", _jagged_flops(2),
+                      _jagged_bytes(2, 2), _default_config_baseline("gdpa"), ("default_config",),
                       plot_relative_to="default_config"),
     "gdpa_dq": BenchSpec("GDPA backward, dq: scores and dout v^T recomputed per KV tile, no atomics",
-                         _gdpa_kernel_flops(3), _gdpa_kernel_bytes(3, 2), _default_config_baseline("gdpa_dq"),
+                         _jagged_flops(3), _jagged_bytes(3, 2), _default_config_baseline("gdpa_dq"),
                          ("default_config",), plot_relative_to="default_config"),
     "gdpa_dkdv": BenchSpec("GDPA backward, dk and dv: scores and dout v^T recomputed per Q tile, no atomics",
-                           _gdpa_kernel_flops(4), _gdpa_kernel_bytes(2, 4), _default_config_baseline("gdpa_dkdv"),
+                           _jagged_flops(4), _jagged_bytes(2, 4), _default_config_baseline("gdpa_dkdv"),
                            ("default_config",), plot_relative_to="default_config"),
 }
 

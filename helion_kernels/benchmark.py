@@ -380,7 +380,8 @@ def codegen_status(kernel, args: tuple, config) -> str:
 
 def cpu_report(spec: KernelSpec, problems: list[Problem], dtype: torch.dtype) -> pd.DataFrame:
     """What can be shown without a GPU: per registry key of ``problems`` and per GPU with
-    entries of this kernel (else every GPU in the registry), the config a call would run with (:func:`~.registry.lookup`), checked to
+    entries of this kernel (else every GPU in the registry), the config a call would run with
+    (:func:`~.registry.lookup`), checked to
     generate Triton code for that problem with the installed Helion."""
     # Code generation is what is checked, also when HELION_INTERPRET=1 is set, with the build
     # a call would run: the static one, or for a dynamic_m spec at a shape not tuned exactly

@@ -205,7 +205,8 @@ def _resolved(spec: KernelSpec, args: tuple) -> Resolved:
     """:func:`resolve` (once per spec, registry key, dtype, device and optional tensors passed,
     until :func:`clear_cache`), with a config the GPU refused before (at another M) replaced by
     the smaller one that launched then."""
-    key = (spec.name, spec.key_of(args), args[0].dtype, args[0].device, tuple(isinstance(t, torch.Tensor) for t in args))
+    key = (spec.name, spec.key_of(args), args[0].dtype, args[0].device,
+           tuple(isinstance(t, torch.Tensor) for t in args))
     resolved = _RESOLVED.get(key)
     if resolved is None:  # a jagged call changes its totals every step: one registry read per key
         resolved = _store(_RESOLVED, key, resolve(spec, args))

@@ -46,7 +46,8 @@ class Shape(NamedTuple):
         return self
 
 
-ATTENTION_WORKLOAD = "flash_norm_attention"  # the attention table (configs/attention_workloads/) every attention kernel is tuned on
+# The attention table (configs/attention_workloads/) every attention kernel is tuned on.
+ATTENTION_WORKLOAD = "flash_norm_attention"
 
 
 class AttentionShape(NamedTuple):

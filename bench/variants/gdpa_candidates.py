@@ -177,7 +177,8 @@ def main(argv=None) -> int:
         write_table(df, stem, f"GDPA / FlashNormAttention precisions on {torch.cuda.get_device_name()}", [
             f"command: `{command}`", "rows: batch 768, D 128, KV 128, fill 0.5, bf16, fast_gelu, qk_scale 1",
             "timer: CUDA-graph replay (helion_kernels.timing.time_ms), median; one input set",
-            f"byte floor at {ceilings.bandwidth_gbps:.0f} GB/s copy (read + write), from this GPU's ceilings.md (measured now where missing)",
+            f"byte floor at {ceilings.bandwidth_gbps:.0f} GB/s copy (read + write), from this GPU's ceilings.md "
+            "(measured now where missing)",
             "check: against the fp32 reference, 3e-2 forward, 5e-2 backward (bf16)"])
     print(f"wrote {stem}.csv/.md")
     return 0

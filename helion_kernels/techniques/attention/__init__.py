@@ -279,8 +279,9 @@ def flash_norm_attention(
         records the call the kernel also writes the un-normalised ``o = gdpa(ln_q) + ln_q``
         and each row's fp32 statistics of both norms (as FlashAttention saves its output);
         the backward is the RMSNorm's backward (one compiled row pass over H*D), the GDPA
-        backward kernels (their ``gdpa_dq`` / ``gdpa_dkdv`` registry configs) on the recomputed ``ln_q``, and the LayerNorm's backward (a second
-        row pass); the scores are recomputed, never stored.
+        backward kernels (their ``gdpa_dq`` / ``gdpa_dkdv`` registry configs) on the
+        recomputed ``ln_q``, and the LayerNorm's backward (a second row pass); the scores are
+        recomputed, never stored.
 
     Raises:
         ValueError: ``max_seq_len_kv`` (or a KV sequence) longer than 128, with the unfused
