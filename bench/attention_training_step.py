@@ -6,8 +6,8 @@ grad, a random output gradient, and the same timer for every column of a row (``
 plain``: ``triton.testing.do_bench`` medians; ``--timer graph``: CUDA-graph replay, the row
 falling back to plain for every column if any cannot be captured):
 
-* ``fused``: :func:`helion_kernels.flash_norm_attention` (fused forward, the GDPA backward
-  kernels between two compiled norm passes);
+* ``fused``: :func:`helion_kernels.flash_norm_attention` (fused forward; backward: both norms'
+  backward fused into GDPA's dq kernel, then GDPA's dk/dv kernel);
 * ``unfused_compiled`` / ``unfused_eager``: the block as a PyTorch user writes it (norms on
   the jagged rows, attention on Q padded to its longest sequence), under
   ``torch.compile(dynamic=True)`` and eager;

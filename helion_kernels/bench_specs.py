@@ -406,6 +406,11 @@ BENCH_SPECS: dict[str, BenchSpec] = {
     "gdpa_dkdv": BenchSpec("GDPA backward, dk and dv: scores and dout v^T recomputed per Q tile, no atomics",
                            _jagged_flops(4), _jagged_bytes(2, 4), _default_config_baseline("gdpa_dkdv"),
                            ("default_config",), plot_relative_to="default_config"),
+    "flash_norm_attention_dq": BenchSpec(
+        "FlashNormAttention backward to dq: both norms' backward around GDPA's dq loop, one program per Q tile of "
+        "all heads (reads q, dy, o; writes dq and the ln, do the dk/dv kernel reads)", _jagged_flops(3),
+        _jagged_bytes(6, 2), _default_config_baseline("flash_norm_attention_dq"), ("default_config",),
+        plot_relative_to="default_config"),
 }
 
 

@@ -61,7 +61,9 @@ TECHNIQUES: tuple[Technique, ...] = (
         "gdpa": ("SPEC_GDPA", "attention", "jagged GDPA alone (the attention of technique 4's unfused block)"),
         "gdpa_dq": ("SPEC_GDPA_DQ", "attention", "GDPA's backward, dq (gdpa and flash_norm_attention backward)"),
         "gdpa_dkdv": ("SPEC_GDPA_DKDV", "attention",
-                      "GDPA's backward, dk and dv (gdpa and flash_norm_attention backward)")}),
+                      "GDPA's backward, dk and dv (gdpa and flash_norm_attention backward)"),
+        "flash_norm_attention_dq": ("SPEC_FNA_DQ", "attention",
+                                    "FlashNormAttention backward: both norms' backward fused into GDPA's dq")}),
 )
 
 

@@ -10,7 +10,7 @@ from numbers import Integral
 import torch
 
 from ... import checks, runtime
-from ...autograd import Op, f32, filled, layer_row_backward, param_grad, records_grad, rms_row_backward, run_compiled
+from ...autograd import Op, filled, param_grad, records_grad
 from ...limits import ACTIVATIONS, MAX_SEQ_LEN_KV
 
 _kernels = runtime.LazyModule(f"{__name__}.kernels")
@@ -120,62 +120,60 @@ def _setup_fna(ctx, inputs, output):
     ctx.mark_non_differentiable(o, stats)
 
 
+def _fna_backward_impl(dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                      stats: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
+                      ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None,
+                      rms_weight: torch.Tensor | None, max_seq_len_q: int, max_seq_len_kv: int,
+                      activation: str, qk_scale: float,
+                      need_params: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, the three norm parameters' fp32 gradients [3, H, D] (LayerNorm weight,
+    bias, RMSNorm weight), or an empty tensor without ``need_params``): two kernels, the
+    fused norms-and-dq kernel (registry ``flash_norm_attention_dq``) and GDPA's dk/dv kernel
+    on the ``ln`` and ``do`` the first one wrote (registry ``gdpa_dkdv``)."""
+    total, heads, dim = q.shape
+    if total == 0:
+        dparams = q.new_zeros((3, heads, dim) if need_params else (0,), dtype=torch.float32)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dparams
+    dy, q, k, v, o = (t.contiguous() for t in (dy, q, k, v, o))
+    params = [None if t is None else t.reshape(heads, dim).contiguous() for t in (ln_weight, ln_bias, rms_weight)]
+    ln, do = torch.empty_like(q), torch.empty_like(q)
+    dq, partials = runtime.launch(_kernels.SPEC_FNA_DQ, (q, k, v, dy, o, stats, q_offsets, kv_offsets, max_seq_len_q,
+                                                         *params, qk_scale, ACTIVATIONS.index(activation),
+                                                         int(need_params), ln, do))
+    if k.shape[0] == 0:
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    else:
+        dk, dv = runtime.launch(_kernels.SPEC_GDPA_DKDV, (ln, k, v, do, q_offsets, kv_offsets, max_seq_len_kv,
+                                                          qk_scale, ACTIVATIONS.index(activation)))
+    dparams = partials.sum(dim=1) if need_params else q.new_empty(0, dtype=torch.float32)
+    return dq, dk, dv, dparams
+
+
+def _fna_backward_fake(dy, q, k, v, o, stats, q_offsets, kv_offsets, ln_weight, ln_bias, rms_weight,
+                       max_seq_len_q, max_seq_len_kv, activation, qk_scale, need_params):
+    dparams = q.new_empty((3, q.shape[1], q.shape[2]) if need_params else (0,), dtype=torch.float32)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dparams
+
+
+_FNA_BACKWARD = Op("flash_norm_attention_backward", _fna_backward_impl, _fna_backward_fake)
+
+
 def _backward_fna(ctx, dy, *_):
-    """The RMSNorm's backward (one compiled row pass over H*D), the attention's (the GDPA
-    backward kernels on the recomputed LayerNorm output), the LayerNorm's (a second row pass)."""
+    """Both norms' backward fused into GDPA's dq kernel, then GDPA's dk/dv kernel
+    (:func:`_fna_backward_impl`); the scores are recomputed, never stored."""
     if dy is None:
         return _FNA.input_grads()
     need = _FNA.named(ctx.needs_input_grad)
     q, k, v, q_offsets, kv_offsets, ln_weight, ln_bias, rms_weight, o, stats = ctx.saved_tensors
-    total, heads, dim = q.shape
-    width = heads * dim
-
-    def rows(t):
-        return None if t is None else t.reshape(-1, width) if t.dim() == 3 else t.reshape(width)
-
-    do, ln, drms_weight = run_compiled(fna_output_backward, rows(dy), rows(o), rows(q), stats, rows(ln_weight),
-                                       rows(ln_bias), rows(rms_weight), need.rms_weight)
-    dln, dk, dv = _GDPA_BACKWARD(ln.view(total, heads, dim), k, v, do.view(total, heads, dim), q_offsets,
-                                 kv_offsets, *ctx.args)
-    dq, dln_weight, dln_bias = run_compiled(fna_input_backward, rows(dy), do, rows(dln), rows(q), stats,
-                                            rows(ln_weight), need.ln_weight, need.ln_bias)
-    return _FNA.input_grads(q=dq.view(total, heads, dim), k=dk, v=dv, ln_weight=param_grad(dln_weight, ln_weight),
-                            ln_bias=param_grad(dln_bias, ln_bias), rms_weight=param_grad(drms_weight, rms_weight))
-
-
-# --- FlashNormAttention backward formulas (rows [total_q, H * D]) --------------------------
-
-
-def fna_output_backward(dy, o, q, stats, ln_weight, ln_bias, rms_weight, need_rms_weight: bool = True):
-    """(do in ``o.dtype``, the recomputed ``ln`` in ``q.dtype`` (the attention's input),
-    drms_weight fp32 [W] or None) from the output gradient ``dy`` [T, W]: the RMSNorm's
-    backward. Affine parameters are [W] or None."""
-    dy32 = f32(dy)
-    rstd_o = stats[2]
-    o_hat = f32(o) * rstd_o[:, None]
-    g = dy32 if rms_weight is None else dy32 * f32(rms_weight)
-    do = rms_row_backward(g, o_hat, rstd_o)
-    drms_weight = (dy32 * o_hat).sum(dim=0) if need_rms_weight and rms_weight is not None else None
-    ln = (f32(q) - stats[0][:, None]) * stats[1][:, None]
-    if ln_weight is not None:
-        ln = ln * f32(ln_weight)
-    if ln_bias is not None:
-        ln = ln + f32(ln_bias)
-    return do.to(o.dtype), ln.to(q.dtype), drms_weight
-
-
-def fna_input_backward(dy, do, dln_attention, q, stats, ln_weight, need_ln_weight: bool = True,
-                       need_ln_bias: bool = True):
-    """(dq in ``q.dtype``, dln_weight fp32 [W] or None, dln_bias fp32 [W] or None): the
-    LayerNorm's backward of ``dln = do + dln_attention`` (the residual and the attention
-    paths into ``ln``), plus the outer residual's ``dy``."""
-    dln = f32(do) + f32(dln_attention)
-    q_hat = (f32(q) - stats[0][:, None]) * stats[1][:, None]
-    g = dln if ln_weight is None else dln * f32(ln_weight)
-    dq = f32(dy) + layer_row_backward(g, q_hat, stats[1])
-    dln_weight = (dln * q_hat).sum(dim=0) if need_ln_weight and ln_weight is not None else None
-    dln_bias = dln.sum(dim=0) if need_ln_bias else None
-    return dq.to(q.dtype), dln_weight, dln_bias
+    need_params = any(getattr(need, name) and p is not None for name, p in
+                      (("ln_weight", ln_weight), ("ln_bias", ln_bias), ("rms_weight", rms_weight)))
+    max_q, max_kv, activation, qk_scale = ctx.args
+    dq, dk, dv, dparams = _FNA_BACKWARD(dy, q, k, v, o, stats, q_offsets, kv_offsets, ln_weight, ln_bias,
+                                        rms_weight, max_q, max_kv, activation, qk_scale, need_params)
+    grads = {}
+    for i, (name, param) in enumerate((("ln_weight", ln_weight), ("ln_bias", ln_bias), ("rms_weight", rms_weight))):
+        grads[name] = param_grad(dparams[i] if need_params else None, param, getattr(need, name))
+    return _FNA.input_grads(q=dq, k=dk, v=dv, **grads)
 
 
 _GDPA = Op("gdpa", _gdpa_impl, _gdpa_fake, backward=_backward_gdpa, setup_context=_setup_gdpa)
@@ -278,10 +276,9 @@ def flash_norm_attention(
         Differentiable in ``q``, ``k``, ``v`` and the three norm parameters. When autograd
         records the call the kernel also writes the un-normalised ``o = gdpa(ln_q) + ln_q``
         and each row's fp32 statistics of both norms (as FlashAttention saves its output);
-        the backward is the RMSNorm's backward (one compiled row pass over H*D), the GDPA
-        backward kernels (their ``gdpa_dq`` / ``gdpa_dkdv`` registry configs) on the
-        recomputed ``ln_q``, and the LayerNorm's backward (a second row pass); the scores are
-        recomputed, never stored.
+        the backward is two kernels: both norms' backward fused into GDPA's dq kernel
+        (registry ``flash_norm_attention_dq``), then GDPA's dk/dv kernel (``gdpa_dkdv``) on
+        the ``ln_q`` and ``do`` the first wrote; the scores are recomputed, never stored.
 
     Raises:
         ValueError: ``max_seq_len_kv`` (or a KV sequence) longer than 128, with the unfused

@@ -380,6 +380,124 @@ def flash_norm_attention_kernel(
     return out
 
 
+@helion.kernel(static_shapes=False)
+def flash_norm_attention_dq_kernel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dy: torch.Tensor,
+    o: torch.Tensor,
+    stats: torch.Tensor,
+    q_offsets: torch.Tensor,
+    kv_offsets: torch.Tensor,
+    max_seq_len_q: int,
+    ln_weight: torch.Tensor | None,
+    ln_bias: torch.Tensor | None,
+    rms_weight: torch.Tensor | None,
+    qk_scale: float,
+    activation: int,
+    param_sums: int,
+    ln_out: torch.Tensor,
+    do_out: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashNormAttention's backward up to ``dq``, with both norms' backward inside.
+
+    Returns (``dq`` [total_q, H, D] in ``q.dtype``, ``partials`` fp32) from the output
+    gradient ``dy``, the forward's saved ``o`` and ``stats`` [3, total_q] (LayerNorm mean,
+    rstd; RMSNorm rstd). For the dk/dv kernel it writes ``ln_out`` (the recomputed LayerNorm
+    output, as the attention read it) and ``do_out`` (the gradient of ``o``), both in
+    ``q.dtype``. With ``param_sums`` = 1, ``partials`` is [3, programs, H, D]: program
+    ``seq * q_blocks + q_block`` holds its rows' sums of ``dln * ln_hat``, ``dln`` and
+    ``dy * o_hat`` (the LayerNorm weight, bias and RMSNorm weight gradients once the caller
+    sums over programs: deterministic, no atomics); with 0 it is [3, 1, H, D] of zeros.
+
+    Per Q tile, as the forward: a loop over heads for the RMSNorm backward's row sum
+    ``sum(dy * w * o)``; a second gives each head's ``do_h``, recomputes ``ln_h``, runs the
+    GDPA dq loop over the sequence's KV tiles, adds the residual path (``dln_h = do_h +
+    dln_attention_h``), sums the LayerNorm backward's two row terms, and parks ``dln_h`` in
+    ``dq``; a third re-reads it (L1/L2) and writes ``dq_h = dy_h + LayerNorm backward``.
+    Config ``block_sizes`` = [tile_kv (16 to 128), tile_q (16 to 128)].
+    """
+    num_heads = hl.specialize(q.size(1))
+    head_dim = hl.specialize(q.size(2))
+    act = hl.specialize(activation)
+    width = num_heads * head_dim
+    block_kv = hl.register_block_size(16, MAX_SEQ_LEN_KV)
+    block_q = hl.register_block_size(16, 128)
+    batch = q_offsets.size(0) - 1
+    with_sums = hl.specialize(param_sums)
+    q_blocks = (max_seq_len_q + block_q - 1) // block_q
+    dq = torch.empty_like(q)
+    partials = torch.zeros([3, q_blocks * batch if with_sums else 1, num_heads, head_dim], dtype=torch.float32,
+                           device=q.device)
+    for q_block, seq in hl.grid([q_blocks, batch]):
+        in_lane = (hl.arange(head_dim) < head_dim)[None, :]  # padded head_dim lanes, as the forward
+        program = seq * q_blocks + q_block
+        q_end = q_offsets[seq + 1]
+        begin = q_offsets[seq] + q_block * block_q
+        kv_start = kv_offsets[seq]
+        kv_end = kv_offsets[seq + 1]
+        for tile_q in hl.tile(begin, torch.minimum(begin + block_q, q_end), block_size=block_q):
+            mean = stats[0, tile_q]
+            rstd = stats[1, tile_q]
+            rstd_o = stats[2, tile_q]
+            # RMSNorm backward: do = rstd_o * g - o * rstd_o^3 * mean(g * o), g = dy * rms_weight.
+            g_dot_o = hl.zeros([tile_q], dtype=torch.float32)
+            for h in hl.grid(num_heads):
+                g = dy[tile_q, h, :].to(torch.float32)
+                if rms_weight is not None:
+                    g = g * rms_weight[h, :].to(torch.float32)[None, :]
+                g_dot_o = g_dot_o + torch.sum(g * o[tile_q, h, :].to(torch.float32), dim=1)
+            c = g_dot_o * rstd_o * rstd_o * rstd_o / width
+            sum_g = hl.zeros([tile_q], dtype=torch.float32)
+            sum_g_hat = hl.zeros([tile_q], dtype=torch.float32)
+            for h in hl.grid(num_heads):
+                dy_h = dy[tile_q, h, :].to(torch.float32)
+                o_h = o[tile_q, h, :].to(torch.float32)
+                g = dy_h
+                if rms_weight is not None:
+                    g = g * rms_weight[h, :].to(torch.float32)[None, :]
+                do_h = g * rstd_o[:, None] - o_h * c[:, None]
+                x_hat = torch.where(in_lane, (q[tile_q, h, :].to(torch.float32) - mean[:, None]) * rstd[:, None], 0.0)
+                ln = x_hat
+                if ln_weight is not None:
+                    ln = ln * ln_weight[h, :].to(torch.float32)[None, :]
+                if ln_bias is not None:
+                    ln = ln + ln_bias[h, :].to(torch.float32)[None, :]
+                ln_q = ln.to(q.dtype)
+                do_q = do_h.to(q.dtype)
+                ln_out[tile_q, h, :] = ln_q
+                do_out[tile_q, h, :] = do_q
+                acc = hl.zeros([tile_q, head_dim], dtype=torch.float32)
+                for tile_kv in hl.tile(kv_start, kv_end, block_size=block_kv):
+                    k_tile = k[tile_kv, h, :]
+                    s = score_dot(ln_q, k_tile.T) * qk_scale
+                    ds = score_dot(do_q, v[tile_kv, h, :].T) * activation_grad(s, act)
+                    acc = torch.addmm(acc, ds.to(k.dtype), k_tile)
+                dln = do_h + acc * qk_scale
+                g_ln = dln
+                if ln_weight is not None:
+                    g_ln = g_ln * ln_weight[h, :].to(torch.float32)[None, :]
+                sum_g = sum_g + torch.sum(torch.where(in_lane, g_ln, 0.0), dim=1)
+                sum_g_hat = sum_g_hat + torch.sum(g_ln * x_hat, dim=1)
+                if with_sums:
+                    partials[0, program, h, :] = torch.sum(dln * x_hat, dim=0)
+                    partials[1, program, h, :] = torch.sum(dln, dim=0)
+                    partials[2, program, h, :] = torch.sum(dy_h * o_h * rstd_o[:, None], dim=0)
+                dq[tile_q, h, :] = dln.to(dq.dtype)
+            # LayerNorm backward: dq = dy + rstd * (g - mean(g) - x_hat * mean(g * x_hat)), g = dln * ln_weight.
+            mean_g = sum_g / width
+            mean_g_hat = sum_g_hat / width
+            for h in hl.grid(num_heads):
+                g_ln = dq[tile_q, h, :].to(torch.float32)
+                if ln_weight is not None:
+                    g_ln = g_ln * ln_weight[h, :].to(torch.float32)[None, :]
+                x_hat = (q[tile_q, h, :].to(torch.float32) - mean[:, None]) * rstd[:, None]
+                dq_h = rstd[:, None] * (g_ln - mean_g[:, None] - x_hat * mean_g_hat[:, None])
+                dq[tile_q, h, :] = (dy[tile_q, h, :].to(torch.float32) + dq_h).to(dq.dtype)
+    return dq, partials
+
+
 # block_sizes = [tile_kv, tile_q]. The kernel works on [tile_q, D] and [tile_kv, D] tiles, as
 # the GDPA kernel (whose block_sizes order is the reverse, [tile_q, tile_kv]).
 DEFAULT_CONFIG = helion.Config(block_sizes=[64, 64], num_warps=4, num_stages=2)
@@ -529,3 +647,52 @@ SPEC_GDPA_DKDV = KernelSpec(
     reference=_dkdv_ref, default_config=DKDV_CONFIG,
     seed_configs=_seeds(((32, 32, 4, 2), (128, 32, 4, 2), (32, 64, 4, 2), (128, 64, 8, 2), (64, 64, 4, 3))),
     warn_default=False)
+
+
+# --- FlashNormAttention backward: the norms fused into GDPA's dq kernel, tuned per (H, D) -----
+
+def fna_dq_args(q, k, v, qo, ko, max_seq_len_q, ln_weight, ln_bias, rms_weight, eps, qk_scale, activation,
+                dy) -> tuple:
+    """The fused dq kernel's arguments for a forward call's arguments (the affine parameters
+    [H, D], not None) and an output gradient ``dy``: the forward's saved ``o`` and statistics
+    computed here in fp32 (``o`` rounded to ``q.dtype``, as the forward kernel writes it),
+    parameter sums on, fresh ``ln_out`` / ``do_out``."""
+    total = q.shape[0]
+    rows = q.float().reshape(total, -1)
+    var, mean = torch.var_mean(rows, dim=1, correction=0)
+    rstd = torch.rsqrt(var + eps)
+    ln = ((rows - mean[:, None]) * rstd[:, None]).reshape(q.shape) * ln_weight.float() + ln_bias.float()
+    o = (gdpa_reference(ln.to(q.dtype), k, v, qo, ko, qk_scale, ACTIVATIONS[activation]) + ln).to(q.dtype)
+    rstd_o = torch.rsqrt(o.float().reshape(total, -1).pow(2).mean(dim=1) + eps)
+    return (q, k, v, dy, o, torch.stack([mean, rstd, rstd_o]), qo, ko, max_seq_len_q, ln_weight, ln_bias,
+            rms_weight, qk_scale, activation, 1, torch.empty_like(q), torch.empty_like(q))
+
+
+def _fna_dq_args(row, dtype, device, seed):
+    forward = make_args(row, dtype, device, seed)
+    gen = torch.Generator(device=device).manual_seed((0 if seed is None else seed) + 3_000_017)
+    dy = torch.randn(forward[0].shape, generator=gen, device=device).to(dtype)
+    return fna_dq_args(*forward, dy)
+
+
+def _fna_dq_ref(q, k, v, dy, o, stats, qo, ko, max_q, lw, lb, rw, qk_scale, act, param_sums, ln_out, do_out):
+    """(dq, the parameter gradients [3, H, D]) by autograd of the fp32 block (float64 stays
+    float64), whose norms' eps is the forward's, :data:`EPS`."""
+    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    leaves = [t.detach().to(dt).requires_grad_() for t in (q, lw, lb, rw)]
+    out = flash_norm_attention_reference(leaves[0], k.to(dt), v.to(dt), qo, ko, *leaves[1:], EPS, qk_scale,
+                                         ACTIVATIONS[act])
+    dq, *dparams = torch.autograd.grad(out, leaves, dy.to(dt))
+    return dq, torch.stack(dparams)
+
+
+def _sum_programs(outputs: tuple) -> tuple:
+    dq, partials = outputs
+    return dq, partials.sum(dim=1)
+
+
+SPEC_FNA_DQ = KernelSpec(
+    name="flash_norm_attention_dq", kernel=flash_norm_attention_dq_kernel, workload="attention",
+    make_args=_fna_dq_args, key_of=key_of, reference=_fna_dq_ref, default_config=DEFAULT_CONFIG,
+    seed_configs=_seeds(((32, 32, 4, 2), (64, 32, 4, 2), (64, 16, 4, 2), (128, 32, 8, 2), (64, 64, 4, 2))),
+    compare_outputs=_sum_programs, warn_default=False)

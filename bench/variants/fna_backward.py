@@ -1,0 +1,182 @@
+"""FlashNormAttention's backward, the norms fused into GDPA's dq kernel (shipped) against the
+norms apart (before), timed side by side.
+
+Why (issue: the norm backward ran as separate compiled passes around the GDPA kernels): apart,
+the backward is four launches (an inductor pass for the RMSNorm backward that also recomputes
+``ln``; GDPA's dq kernel; its dk/dv kernel; an inductor pass for the LayerNorm backward) and
+moves about 15 tensors of q's size. Fused (``flash_norm_attention_dq``, since 2026-12-07):
+one Helion kernel does the RMSNorm backward, recomputes ``ln``, runs the dq loop and the
+LayerNorm backward per Q tile of all heads, and writes ``ln`` / ``do`` for the unchanged dk/dv
+kernel, about 8 tensors (plus the parameters' per-program partial sums).
+
+* ``fused``: :func:`helion_kernels.techniques.attention._fna_backward_impl`, as autograd runs it;
+* ``apart``: :func:`norms_apart_backward`, the backward before, each piece as it ran then.
+
+Both get the same saved ``o`` and statistics (the forward kernel's) and the same ``dy``, run
+their registry configs for (H, D) (else the defaults), are checked against each other (5e-2,
+bf16, every gradient) and timed by CUDA-graph replay (median). ``over_floor``: time / the
+byte floor of the fused backward (reads q, dy, o, ``ln`` and ``do`` twice; writes dq, ``ln``,
+``do``; k, v, dk, dv) at this GPU's copy ceiling.
+
+    python bench/variants/fna_backward.py [--rows 2,256 8,1024 8,3000]
+
+Writes ``bench/results/<gpu>/variants/fna_backward.{csv,md}`` (rewritten after each row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from helion_kernels import registry, runtime
+from helion_kernels.autograd import f32, layer_row_backward, rms_row_backward, run_compiled
+from helion_kernels.limits import ACTIVATIONS
+from helion_kernels.spec import AttentionRow
+from helion_kernels.techniques import attention
+from helion_kernels.techniques.attention import kernels
+
+TOLERANCE = 5e-2  # bf16 gradients
+
+
+def fna_output_backward(dy, o, q, stats, ln_weight, ln_bias, rms_weight):
+    """(do in ``o.dtype``, the recomputed ``ln`` in ``q.dtype``, drms_weight fp32 [W] or
+    None) from ``dy`` [T, W]: the RMSNorm's backward (parameters [W] or None)."""
+    dy32 = f32(dy)
+    rstd_o = stats[2]
+    o_hat = f32(o) * rstd_o[:, None]
+    g = dy32 if rms_weight is None else dy32 * f32(rms_weight)
+    do = rms_row_backward(g, o_hat, rstd_o)
+    drms_weight = (dy32 * o_hat).sum(dim=0) if rms_weight is not None else None
+    ln = (f32(q) - stats[0][:, None]) * stats[1][:, None]
+    if ln_weight is not None:
+        ln = ln * f32(ln_weight)
+    if ln_bias is not None:
+        ln = ln + f32(ln_bias)
+    return do.to(o.dtype), ln.to(q.dtype), drms_weight
+
+
+def fna_input_backward(dy, do, dln_attention, q, stats, ln_weight):
+    """(dq in ``q.dtype``, dln_weight, dln_bias fp32 [W]): the LayerNorm's backward of
+    ``dln = do + dln_attention``, plus the outer residual's ``dy``."""
+    dln = f32(do) + f32(dln_attention)
+    q_hat = (f32(q) - stats[0][:, None]) * stats[1][:, None]
+    g = dln if ln_weight is None else dln * f32(ln_weight)
+    dq = f32(dy) + layer_row_backward(g, q_hat, stats[1])
+    dln_weight = (dln * q_hat).sum(dim=0) if ln_weight is not None else None
+    return dq.to(q.dtype), dln_weight, dln.sum(dim=0)
+
+
+def norms_apart_backward(dy, q, k, v, o, stats, q_offsets, kv_offsets, ln_weight, ln_bias, rms_weight,
+                         max_seq_len_q, max_seq_len_kv, activation, qk_scale):
+    """(dq, dk, dv, the parameters' fp32 gradients [3, H, D]) as the backward ran before: an
+    inductor row pass, GDPA's dq and dk/dv kernels, a second inductor row pass (affine
+    parameters [H, D], all three given)."""
+    total, heads, dim = q.shape
+    width = heads * dim
+    flat = [t.reshape(width) for t in (ln_weight, ln_bias, rms_weight)]
+    do, ln, drms_weight = run_compiled(fna_output_backward, dy.reshape(total, width), o.reshape(total, width),
+                                       q.reshape(total, width), stats, *flat)
+    dln, dk, dv = attention._gdpa_backward_impl(ln.view(q.shape), k, v, do.view(q.shape), q_offsets, kv_offsets,
+                                                max_seq_len_q, max_seq_len_kv, activation, qk_scale)
+    dq, dln_weight, dln_bias = run_compiled(fna_input_backward, dy.reshape(total, width), do,
+                                            dln.reshape(total, width), q.reshape(total, width), stats, flat[0])
+    return dq.view(q.shape), dk, dv, torch.stack([dln_weight, dln_bias, drms_weight]).view(3, heads, dim)
+
+
+VARIANTS = {"fused": attention._fna_backward_impl, "apart": norms_apart_backward}
+
+
+def row_inputs(row: AttentionRow, device, seed: int = 0) -> tuple:
+    """The arguments both variants take for a workload row (bf16): the forward kernel's saved
+    ``o`` and statistics, a random ``dy``, the forward's inputs."""
+    q, k, v, qo, ko, max_q, lw, lb, rw, eps, qk_scale, act = kernels.make_args(row, torch.bfloat16, device, seed)
+    o, stats = torch.empty_like(q), q.new_empty(3, q.shape[0], dtype=torch.float32)
+    runtime.launch(kernels.SPEC, (q, k, v, qo, ko, max_q, lw, lb, rw, eps, qk_scale, act, o, stats))
+    dy = torch.randn(q.shape, generator=torch.Generator(device=device).manual_seed(seed + 7), device=device)
+    return (dy.to(q.dtype), q, k, v, o, stats, qo, ko, lw, lb, rw, max_q, row.seq_len_kv, ACTIVATIONS[act],
+            qk_scale)
+
+
+def run_variant(name: str, inputs: tuple) -> tuple:
+    fn = VARIANTS[name]
+    return fn(*inputs, True) if name == "fused" else fn(*inputs)
+
+
+def floor_bytes(inputs: tuple) -> int:
+    q, k = inputs[1], inputs[2]
+    return (10 * q.numel() + 4 * k.numel()) * q.element_size()
+
+
+def sweep_row(row: AttentionRow, ceilings) -> list[dict]:
+    from helion_kernels.timing import time_ms
+    from helion_kernels.verify import check_outputs
+
+    inputs = row_inputs(row, torch.device("cuda"))
+    floor_ms = floor_bytes(inputs) / ceilings.bandwidth_gbps / 1e6
+    fused = run_variant("fused", inputs)
+    out = []
+    for name in VARIANTS:
+        r = {"H": row.H, "max_seq_len_q": row.max_seq_len_q, "total_q": int(inputs[1].shape[0]), "variant": name,
+             "byte_floor_ms": floor_ms}
+        try:
+            got = run_variant(name, inputs)
+            r["rel_diff_vs_fused"] = check_outputs(got, fused, torch.bfloat16, tolerance=TOLERANCE)
+            r["ms"] = time_ms(lambda: run_variant(name, inputs))
+            r["over_floor"] = r["ms"] / floor_ms
+        except Exception as err:  # a failing variant is a result too
+            r["error"] = f"{type(err).__name__}: {err}"[:200]
+        out.append(r)
+        print(r, flush=True)
+    return out
+
+
+def _row(text: str) -> AttentionRow:
+    heads, max_q = (int(x) for x in text.split(","))
+    return AttentionRow(768, heads, 128, max_q, 128, 0.5, 0)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", nargs="+", default=["2,256", "4,1024", "8,1024", "8,3000"], metavar="H,MAX_Q",
+                   help="attention rows as H,max_seq_len_q (batch 768, D 128, KV 128, fill 0.5)")
+    p.add_argument("--out", type=Path, default=None, help="folder (default: bench/results/<gpu>/variants/)")
+    args = p.parse_args(argv)
+    try:
+        rows = [_row(r) for r in args.rows]
+    except ValueError:
+        p.error("--rows takes H,max_seq_len_q pairs such as 2,256")
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU (both variants' math runs on the CPU in tests/test_variants_fna_backward.py)",
+              file=sys.stderr)
+        return 2
+    from helion_kernels.benchmark import device_ceilings, write_table
+
+    device = torch.device("cuda")
+    ceilings = device_ceilings(device)
+    stem = (args.out or Path(__file__).resolve().parent.parent / "results" / registry.gpu_key(device) / "variants"
+            ) / "fna_backward"
+    results: list[dict] = []
+    for row in rows:
+        results += sweep_row(row, ceilings)
+        df = pd.DataFrame(results)
+        if "ms" in df:
+            fused = df[df.variant == "fused"].set_index(["H", "max_seq_len_q"])["ms"]
+            df["speedup_of_fused"] = [r.ms / fused.get((r.H, r.max_seq_len_q), float("nan")) for r in df.itertuples()]
+        write_table(df, stem, f"FlashNormAttention backward, norms fused vs apart, on {torch.cuda.get_device_name()}", [
+            f"command: `python bench/variants/{Path(__file__).name} --rows {' '.join(args.rows)}`",
+            "rows: batch 768, D 128, KV 128, fill 0.5, bf16, fast_gelu, qk_scale 1, affine parameters",
+            "timer: CUDA-graph replay (helion_kernels.timing.time_ms), median; one input set",
+            f"byte floor at {ceilings.bandwidth_gbps:.0f} GB/s copy (read + write), from this GPU's ceilings.md",
+            "check: every gradient of each variant against the fused one (5e-2, bf16); each is checked against "
+            "float64 autograd in the tests",
+            "speedup_of_fused: the variant's ms / fused ms"])
+    print(f"wrote {stem}.csv/.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
