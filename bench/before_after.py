@@ -11,7 +11,7 @@ row's time is the median over its processes.
 
 ``DIR`` holds the other package (its ``helion_kernels/`` and ``configs/``, e.g. ``git
 archive <commit> helion_kernels configs``; a ``COMMIT`` file there names its commit). Writes
-``before_after.{csv,md}`` to ``bench/results/<gpu>/`` (or ``--out``).
+``before_after.{csv,md}`` (or ``--stem``) to ``bench/results/<gpu>/`` (or ``--out``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,13 @@ ROWS = [  # (kernel, workload kind, the row)
     ("matmul_rmsnorm_split_n", "gemm", (262144, 1024, 1024)),
     ("matmul_rmsnorm_matmul", "gemm", (262144, 512, 2048)),
     ("flash_norm_attention", "attention", (768, 2, 128, 1024, 128, 0.5, 0)),
+    ("flash_norm_attention", "attention", (768, 8, 128, 1024, 128, 0.5, 0)),
+    ("flash_norm_attention", "attention", (768, 8, 128, 3000, 128, 0.5, 0)),
 ]
+
+
+def row_label(name: str, kind: str, row: tuple) -> str:
+    return f"{name} " + ("x".join(map(str, row[:3])) if kind == "gemm" else f"H{row[1]} q<={row[3]}")
 
 
 def _child(rows: list) -> dict:
@@ -63,6 +69,7 @@ def _child(rows: list) -> dict:
     out = {}
     device = torch.device("cuda")
     for name, kind, row in rows:
+        label = row_label(name, kind, row)
         try:
             spec = get_spec(name)
             problem = Shape(*row) if kind == "gemm" else AttentionRow(*row)
@@ -76,10 +83,10 @@ def _child(rows: list) -> dict:
                 got = spec.compare_outputs(got)
             error = check_outputs(got, spec.reference(*first), torch.bfloat16)
             ms = time_ms([lambda a=a: runtime.launch(spec, a) for a in sets])
-            out[name] = {"rel_error": error, "ms": ms, "config": runtime.resolved_config(spec, first).source}
+            out[label] = {"rel_error": error, "ms": ms, "config": runtime.resolved_config(spec, first).source}
         except Exception as err:  # one row failing leaves the others
-            out[name] = {"error": f"{type(err).__name__}: {err}"[:300]}
-        print(name, out[name], file=sys.stderr, flush=True)
+            out[label] = {"error": f"{type(err).__name__}: {err}"[:300]}
+        print(label, out[label], file=sys.stderr, flush=True)
     return out
 
 
@@ -108,8 +115,10 @@ def main(argv=None) -> int:
     parser.add_argument("--baseline", type=Path, required=True, help="the folder holding the other package")
     parser.add_argument("--repeats", type=int, default=3, help="processes per package, alternating")
     parser.add_argument("--out", type=Path, default=None, help="default: bench/results/<gpu>/")
-    parser.add_argument("--kernels", nargs="+", default=[name for name, *_ in ROWS], choices=[name for name, *_ in ROWS],
-                        help="the rows to time (default: all)")
+    names = list(dict.fromkeys(name for name, *_ in ROWS))
+    parser.add_argument("--kernels", nargs="+", default=names, choices=names,
+                        help="the kernels whose rows to time (default: all)")
+    parser.add_argument("--stem", default="before_after", help="the table's file name (default before_after)")
     args = parser.parse_args(argv)
     import torch
 
@@ -122,9 +131,10 @@ def main(argv=None) -> int:
             runs[label].append(_run(folder, args.kernels))
     rows = []
     for name, kind, row in (r for r in ROWS if r[0] in args.kernels):
-        out = {"kernel": name, "row": "x".join(map(str, row[:3])) if kind == "gemm" else f"H{row[1]} q<={row[3]}"}
+        key = row_label(name, kind, row)
+        out = {"kernel": name, "row": key.split(" ", 1)[1]}
         for label in packages:
-            got = [r[name] for r in runs[label]]
+            got = [r[key] for r in runs[label]]
             times = [g["ms"] for g in got if "ms" in g]
             out[f"{label}_ms"] = statistics.median(times) if times else float("nan")
             out[f"{label}_rel_error"] = max((g["rel_error"] for g in got if "rel_error" in g), default=float("nan"))
@@ -138,12 +148,12 @@ def main(argv=None) -> int:
     gpu = registry.gpu_key(torch.device("cuda"))
     dest = args.out or CHECKOUT / "bench" / "results" / gpu
     dest.mkdir(parents=True, exist_ok=True)
-    df.to_csv(dest / "before_after.csv", index=False, float_format="%.5g")
+    df.to_csv(dest / f"{args.stem}.csv", index=False, float_format="%.5g")
     text = "\n".join([
         f"# One row per technique, before and after, on {torch.cuda.get_device_name()}", "",
         f"- command: `python bench/before_after.py --baseline <the package of {_commit(args.baseline)}> "
-        f"--repeats {args.repeats}" + ("" if len(args.kernels) == len(ROWS) else " --kernels " + " ".join(args.kernels))
-        + "`",
+        f"--repeats {args.repeats}" + ("" if len(args.kernels) == len(names) else " --kernels " + " ".join(args.kernels))
+        + ("" if args.stem == "before_after" else f" --stem {args.stem}") + "`",
         f"- date: {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}; after: {_commit(CHECKOUT)}, before: "
         f"{_commit(args.baseline)}",
         "- timer: CUDA-graph replay (do_bench_cudagraph), median, input sets rotated to >= 4x L2; each package in "
@@ -151,7 +161,7 @@ def main(argv=None) -> int:
         "- each kernel through `runtime.launch` with the registry's config for the shape (`config`: exact, or "
         "nearest where this GPU has no entry of its own), bf16, checked against the fp32 reference", "",
         df.to_markdown(index=False, floatfmt=".4g"), ""])
-    (dest / "before_after.md").write_text(text)
+    (dest / f"{args.stem}.md").write_text(text)
     print(text)
     return 0
 

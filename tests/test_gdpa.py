@@ -194,7 +194,8 @@ def test_generated_code_for_kv_tiles_up_to_the_limit():
     # other threads of the block: Helion must separate the two loops by a block barrier.
     code = flash_norm_attention_kernel.bind(args).to_triton_code(helion.Config(block_sizes=[16, 32]))
     body = code[code.index("sum_sq ="):]
-    assert body.index("tl.store(out") < body.index("tl.debug_barrier()") < body.index("tl.load(out")
+    store = body.index("tl.store(out")
+    assert store < body.index("tl.debug_barrier()", store) < body.index("tl.load(out", store)
     assert "tl.dot" in gdpa_kernel.bind((q, k, v, qo, ko, 37, 1.0, 2)).to_triton_code(
         helion.Config(block_sizes=[32, 32]))
 
@@ -315,6 +316,19 @@ def test_saved_outputs_reference_mode(device):
     """What the forward keeps for the backward: ``o`` and both norms' statistics."""
     q, k, v, qo, ko = _inputs(torch.float32, device, 16, heads=2, dim=32)
     w, b, r = (p.view(2, 32) for p in _affine(2, 32, torch.float32, device, 17))
+    args = (q, k, v, qo, ko, 37, w, b, r, 1e-5, 0.7, 0)
+    _check_saved_outputs(lambda o, s: flash_norm_attention_kernel(*args, o, s), q, k, v, qo, ko, w, b,
+                         torch.float32, 0.7, "fast_gelu")
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("heads", [1, 3, 8])
+def test_one_pass_statistics_of_rows_far_from_zero(heads, device):
+    """The LayerNorm statistics merged head by head (one pass over q): rows of mean 1e3 and
+    per-head means far apart, fp32, against float64 var_mean over H*D."""
+    q, k, v, qo, ko = _inputs(torch.float32, device, 22, heads, 32)
+    q = q + 1e3 + 50.0 * torch.arange(heads, device=device, dtype=torch.float32)[None, :, None]
+    w, b, r = (p.view(heads, 32) for p in _affine(heads, 32, torch.float32, device, 23))
     args = (q, k, v, qo, ko, 37, w, b, r, 1e-5, 0.7, 0)
     _check_saved_outputs(lambda o, s: flash_norm_attention_kernel(*args, o, s), q, k, v, qo, ko, w, b,
                          torch.float32, 0.7, "fast_gelu")

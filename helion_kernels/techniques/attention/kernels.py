@@ -312,10 +312,10 @@ def flash_norm_attention_kernel(
     RMSNorm saw it) and ``stats`` [3, total_q] fp32 the LayerNorm mean and rstd and the
     RMSNorm rstd of each row.
 
-    Per Q tile: two loops over heads for the LayerNorm statistics over H*D (``q`` is
-    re-read from L1/L2); a third computes each head's ``o_h = act(ln_h k_h^T) v_h + ln_h``,
+    Per Q tile: a loop over heads for the LayerNorm statistics over H*D (each head's mean
+    and centred sum of squares merged into the row's); a second computes each head's ``o_h = act(ln_h k_h^T) v_h + ln_h``,
     adds ``sum(o_h**2)`` to the row's RMSNorm statistic and writes ``o_h`` to ``out``
-    un-normalised; a fourth loop re-reads each ``o_h`` (still in L1/L2: the program wrote it
+    un-normalised; a third loop re-reads each ``o_h`` (still in L1/L2: the program wrote it
     a moment ago) and writes ``o_h * rstd * w_h + q_h``. Helion puts a block-wide barrier
     (``tl.debug_barrier()``) between the write and the re-read of ``out``, which may map
     elements to other threads; a test checks that it is in the generated code. So no
@@ -340,14 +340,17 @@ def flash_norm_attention_kernel(
         kv_start = kv_offsets[seq]
         kv_end = kv_offsets[seq + 1]
         for tile_q in hl.tile(begin, torch.minimum(begin + block_q, q_end), block_size=block_q):
-            row_sum = hl.zeros([tile_q], dtype=torch.float32)
-            for h in hl.grid(num_heads):
-                row_sum = row_sum + torch.sum(q[tile_q, h, :].to(torch.float32), dim=1)
-            mean = row_sum / width
+            # LayerNorm statistics in one pass over the heads: each head's mean and centred sum of
+            # squares, merged into the running ones (Chan et al.; equal counts D, so weights 1 / (h + 1)).
+            mean = hl.zeros([tile_q], dtype=torch.float32)
             row_m2 = hl.zeros([tile_q], dtype=torch.float32)
             for h in hl.grid(num_heads):
-                d = torch.where(in_lane, q[tile_q, h, :].to(torch.float32) - mean[:, None], 0.0)
-                row_m2 = row_m2 + torch.sum(d * d, dim=1)
+                x = q[tile_q, h, :].to(torch.float32)
+                mean_h = torch.sum(x, dim=1) / head_dim
+                d = torch.where(in_lane, x - mean_h[:, None], 0.0)
+                delta = mean_h - mean
+                mean = mean + delta / (h + 1)
+                row_m2 = row_m2 + torch.sum(d * d, dim=1) + delta * delta * (head_dim * h / (h + 1))
             rstd = torch.rsqrt(row_m2 / width + eps)
             sum_sq = hl.zeros([tile_q], dtype=torch.float32)
             for h in hl.grid(num_heads):
