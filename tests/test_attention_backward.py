@@ -170,7 +170,7 @@ def test_opcheck_with_autograd():
     for need_params in (True, False):
         torch.library.opcheck(attention._FNA_BACKWARD.custom_op,
                               (torch.randn_like(out), q, k, v, o, stats, qo, ko, *params, max_q, max_kv, "relu", 0.7,
-                               need_params), test_utils=("test_schema", "test_faketensor"))
+                               need_params, True), test_utils=("test_schema", "test_faketensor"))
 
 
 @pytest.mark.cuda

@@ -42,26 +42,22 @@ def _args(dtype, device, seed, heads=2, dim=32, mean=0.0, activation=0):
 
 
 def _check(args, outputs, dtype):
-    """dq per sequence, the summed parameter gradients, and ln / do against float64."""
-    q, k, v, dy, o, stats, qo, ko = args[:8]
+    """dq per sequence (each at its own scale), ln, do and the summed parameter gradients
+    against the spec's reference in float64."""
+    qo = args[6]
     wide = tuple(t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in args)
-    dq_ref, dparams_ref = SPEC_FNA_DQ.reference(*wide)
-    dq, dparams = comparable(SPEC_FNA_DQ, outputs)
-    assert dq.dtype == dtype and not torch.isnan(dq).any()
+    expected = SPEC_FNA_DQ.reference(*wide)
+    got = comparable(SPEC_FNA_DQ, outputs)
+    assert got[0].dtype == got[1].dtype == got[2].dtype == dtype
     bounds = qo.tolist()
     for start, end in zip(bounds, bounds[1:]):
         if end > start:
-            check_outputs(dq[start:end], dq_ref[start:end], dtype, tolerance=TOLERANCE[dtype])
-    check_outputs(dparams, dparams_ref, dtype, tolerance=TOLERANCE[dtype])
-    ln_out, do_out = args[-2:]
-    mean, rstd, rstd_o = stats.double()
-    lw, lb, rw = (p.double() for p in args[9:12])
-    ln = (q.double() - mean[:, None, None]) * rstd[:, None, None] * lw + lb
-    check_outputs(ln_out, ln, dtype, tolerance=TOLERANCE[dtype])
-    g = dy.double() * rw
-    o64 = o.double()
-    c = (g * o64).sum(dim=(1, 2)) * rstd_o**3 / (q.shape[1] * q.shape[2])
-    check_outputs(do_out, g * rstd_o[:, None, None] - o64 * c[:, None, None], dtype, tolerance=TOLERANCE[dtype])
+            check_outputs(got[0][start:end], expected[0][start:end], dtype, tolerance=TOLERANCE[dtype])
+    for name, out, ref in zip(("ln", "do", "parameter gradients"), got[1:], expected[1:]):
+        try:
+            check_outputs(out, ref, dtype, tolerance=TOLERANCE[dtype])
+        except AssertionError as err:
+            raise AssertionError(f"{name}: {err}") from None
 
 
 @pytest.mark.ref_mode
@@ -76,7 +72,7 @@ def test_reference_mode(dtype, mean, device):
 def test_without_parameter_sums(device):
     """``param_sums`` = 0 (no parameter needs a gradient): the same dq, one row of zeros."""
     args = _args(torch.float32, device, 4)
-    dq, partials = runtime.launch(SPEC_FNA_DQ, (*args[:14], 0, *args[15:]))
+    dq, _, _, partials = runtime.launch(SPEC_FNA_DQ, (*args[:14], 0))
     assert partials.shape == (3, 1, 2, 32) and not partials.any()
     check_outputs(dq, SPEC_FNA_DQ.reference(*args)[0], torch.float32, tolerance=1e-4)
 
@@ -89,6 +85,17 @@ def test_under_the_interpreter(activation, heads, dim):
     args = _args(dtype, "cpu", 5, heads, dim, mean=2.0, activation=ACTIVATIONS.index(activation))
     bound = flash_norm_attention_dq_kernel.bind(tuple(args))
     bound.set_config(SMALL)
+    _check(args, bound(*args), dtype)
+
+
+@pytest.mark.triton_interpret
+@pytest.mark.parametrize("tiles", [(32, 16), (128, 16), (16, 64)], ids=lambda t: "x".join(map(str, t)))
+def test_tilings_under_the_interpreter(tiles):
+    """[tile_kv, tile_q]: a KV tile of the whole 128-row limit, Q tiles past every sequence."""
+    dtype = torch.float16
+    args = _args(dtype, "cpu", 9, 2, 32, mean=2.0)
+    bound = flash_norm_attention_dq_kernel.bind(args)
+    bound.set_config(helion.Config(block_sizes=list(tiles), num_warps=4, num_stages=1))
     _check(args, bound(*args), dtype)
 
 
@@ -111,10 +118,8 @@ def test_block_barrier_between_parked_dln_and_its_reread():
     have written it: Helion must put a block barrier between the store and the load."""
     args = _args(torch.float16, "cpu", 7, 2, 128)
     code = flash_norm_attention_dq_kernel.bind(args).to_triton_code(helion.Config(block_sizes=[32, 16]))
-    body = code[code.index("mean_g ="):] if "mean_g =" in code else code
     store = code.index("tl.store(dq")
     assert store < code.index("tl.debug_barrier()", store) < code.index("tl.load(dq", store)
-    assert "mean_g" in body
 
 
 @pytest.mark.cuda

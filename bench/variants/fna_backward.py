@@ -15,8 +15,8 @@ kernel, about 8 tensors (plus the parameters' per-program partial sums).
 Both get the same saved ``o`` and statistics (the forward kernel's) and the same ``dy``, run
 their registry configs for (H, D) (else the defaults), are checked against each other (5e-2,
 bf16, every gradient) and timed by CUDA-graph replay (median). ``over_floor``: time / the
-byte floor of the fused backward (reads q, dy, o, ``ln`` and ``do`` twice; writes dq, ``ln``,
-``do``; k, v, dk, dv) at this GPU's copy ceiling.
+backward's byte floor (q, dy, o, k, v read once; dq, dk, dv written once) at this GPU's copy
+ceiling.
 
     python bench/variants/fna_backward.py [--rows 2,256 8,1024 8,3000]
 
@@ -103,12 +103,13 @@ def row_inputs(row: AttentionRow, device, seed: int = 0) -> tuple:
 
 def run_variant(name: str, inputs: tuple) -> tuple:
     fn = VARIANTS[name]
-    return fn(*inputs, True) if name == "fused" else fn(*inputs)
+    return fn(*inputs, True, True) if name == "fused" else fn(*inputs)
 
 
 def floor_bytes(inputs: tuple) -> int:
+    """The backward's byte floor: q, dy, o, k, v read once, dq, dk, dv written once."""
     q, k = inputs[1], inputs[2]
-    return (10 * q.numel() + 4 * k.numel()) * q.element_size()
+    return (4 * q.numel() + 4 * k.numel()) * q.element_size()
 
 
 def sweep_row(row: AttentionRow, ceilings) -> list[dict]:

@@ -59,7 +59,7 @@ TECHNIQUES: tuple[Technique, ...] = (
     Technique("attention", ("flash_norm_attention", "gdpa"), {
         "flash_norm_attention": ("SPEC", "attention", "FlashNormAttention on jagged GDPA (technique 4)"),
         "gdpa": ("SPEC_GDPA", "attention", "jagged GDPA alone (the attention of technique 4's unfused block)"),
-        "gdpa_dq": ("SPEC_GDPA_DQ", "attention", "GDPA's backward, dq (gdpa and flash_norm_attention backward)"),
+        "gdpa_dq": ("SPEC_GDPA_DQ", "attention", "GDPA's backward, dq (gdpa's backward)"),
         "gdpa_dkdv": ("SPEC_GDPA_DKDV", "attention",
                       "GDPA's backward, dk and dv (gdpa and flash_norm_attention backward)"),
         "flash_norm_attention_dq": ("SPEC_FNA_DQ", "attention",

@@ -124,33 +124,33 @@ def _fna_backward_impl(dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                       stats: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
                       ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None,
                       rms_weight: torch.Tensor | None, max_seq_len_q: int, max_seq_len_kv: int,
-                      activation: str, qk_scale: float,
-                      need_params: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                      activation: str, qk_scale: float, need_params: bool,
+                      need_kv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, the three norm parameters' fp32 gradients [3, H, D] (LayerNorm weight,
-    bias, RMSNorm weight), or an empty tensor without ``need_params``): two kernels, the
-    fused norms-and-dq kernel (registry ``flash_norm_attention_dq``) and GDPA's dk/dv kernel
-    on the ``ln`` and ``do`` the first one wrote (registry ``gdpa_dkdv``)."""
+    bias, RMSNorm weight), or an empty tensor without ``need_params``): the fused norms-and-dq
+    kernel (registry ``flash_norm_attention_dq``), then, with ``need_kv``, GDPA's dk/dv kernel
+    (``gdpa_dkdv``) on the ``ln`` and ``do`` the first one wrote (else dk, dv are zeros)."""
     total, heads, dim = q.shape
+    act = ACTIVATIONS.index(activation)
     if total == 0:
         dparams = q.new_zeros((3, heads, dim) if need_params else (0,), dtype=torch.float32)
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dparams
     dy, q, k, v, o = (t.contiguous() for t in (dy, q, k, v, o))
     params = [None if t is None else t.reshape(heads, dim).contiguous() for t in (ln_weight, ln_bias, rms_weight)]
-    ln, do = torch.empty_like(q), torch.empty_like(q)
-    dq, partials = runtime.launch(_kernels.SPEC_FNA_DQ, (q, k, v, dy, o, stats, q_offsets, kv_offsets, max_seq_len_q,
-                                                         *params, qk_scale, ACTIVATIONS.index(activation),
-                                                         int(need_params), ln, do))
-    if k.shape[0] == 0:
-        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-    else:
+    dq, ln, do, partials = runtime.launch(_kernels.SPEC_FNA_DQ, (q, k, v, dy, o, stats, q_offsets, kv_offsets,
+                                                                 max_seq_len_q, *params, qk_scale, act,
+                                                                 int(need_params)))
+    if need_kv and k.shape[0] > 0:
         dk, dv = runtime.launch(_kernels.SPEC_GDPA_DKDV, (ln, k, v, do, q_offsets, kv_offsets, max_seq_len_kv,
-                                                          qk_scale, ACTIVATIONS.index(activation)))
+                                                          qk_scale, act))
+    else:
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
     dparams = partials.sum(dim=1) if need_params else q.new_empty(0, dtype=torch.float32)
     return dq, dk, dv, dparams
 
 
 def _fna_backward_fake(dy, q, k, v, o, stats, q_offsets, kv_offsets, ln_weight, ln_bias, rms_weight,
-                       max_seq_len_q, max_seq_len_kv, activation, qk_scale, need_params):
+                       max_seq_len_q, max_seq_len_kv, activation, qk_scale, need_params, need_kv):
     dparams = q.new_empty((3, q.shape[1], q.shape[2]) if need_params else (0,), dtype=torch.float32)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dparams
 
@@ -169,7 +169,8 @@ def _backward_fna(ctx, dy, *_):
                       (("ln_weight", ln_weight), ("ln_bias", ln_bias), ("rms_weight", rms_weight)))
     max_q, max_kv, activation, qk_scale = ctx.args
     dq, dk, dv, dparams = _FNA_BACKWARD(dy, q, k, v, o, stats, q_offsets, kv_offsets, ln_weight, ln_bias,
-                                        rms_weight, max_q, max_kv, activation, qk_scale, need_params)
+                                        rms_weight, max_q, max_kv, activation, qk_scale, need_params,
+                                        bool(need.k or need.v))
     grads = {}
     for i, (name, param) in enumerate((("ln_weight", ln_weight), ("ln_bias", ln_bias), ("rms_weight", rms_weight))):
         grads[name] = param_grad(dparams[i] if need_params else None, param, getattr(need, name))

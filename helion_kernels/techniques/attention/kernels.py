@@ -12,6 +12,9 @@ jagged sequence i and head, so no running max or denominator. Sequences are deli
   (Dao, 2023), deterministic, no atomics; ``s`` recomputed, never stored. With
   ``p = act(s)``: ``dv = p^T dout``, ``ds = (dout v^T) * act'(s)``, ``dq = ds k * scale``,
   ``dk = ds^T q * scale``.
+* :func:`flash_norm_attention_dq_kernel`: FlashNormAttention's backward to ``dq``, both norms'
+  backward around GDPA's dq loop, one program per Q tile of all heads; it writes the ``ln``
+  and ``do`` that :func:`gdpa_dkdv_kernel` then reads.
 * :func:`flash_norm_attention_kernel`: per Q row of width H*D,
   ``ln_q = layer_norm(q)``, ``o = act(ln_q_h k_h^T * scale) v_h + ln_q_h`` for every head h,
   ``out = rms_norm(o) + q``. One program owns a tile of Q rows of one sequence for all heads,
@@ -400,19 +403,20 @@ def flash_norm_attention_dq_kernel(
     qk_scale: float,
     activation: int,
     param_sums: int,
-    ln_out: torch.Tensor,
-    do_out: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """FlashNormAttention's backward up to ``dq``, with both norms' backward inside.
 
-    Returns (``dq`` [total_q, H, D] in ``q.dtype``, ``partials`` fp32) from the output
-    gradient ``dy``, the forward's saved ``o`` and ``stats`` [3, total_q] (LayerNorm mean,
-    rstd; RMSNorm rstd). For the dk/dv kernel it writes ``ln_out`` (the recomputed LayerNorm
-    output, as the attention read it) and ``do_out`` (the gradient of ``o``), both in
-    ``q.dtype``. With ``param_sums`` = 1, ``partials`` is [3, programs, H, D]: program
-    ``seq * q_blocks + q_block`` holds its rows' sums of ``dln * ln_hat``, ``dln`` and
-    ``dy * o_hat`` (the LayerNorm weight, bias and RMSNorm weight gradients once the caller
-    sums over programs: deterministic, no atomics); with 0 it is [3, 1, H, D] of zeros.
+    Returns (``dq``, ``ln``, ``do``, ``partials``) from the output gradient ``dy``, the
+    forward's saved ``o`` and ``stats`` [3, total_q] (LayerNorm mean, rstd; RMSNorm rstd):
+    ``dq`` [total_q, H, D]; ``ln`` (the recomputed LayerNorm output, as the attention read
+    it) and ``do`` (the gradient of ``o``), both in ``q.dtype``, for the dk/dv kernel. With
+    ``param_sums`` = 1, ``partials`` [3, slots, H, D] fp32 holds each program's sums over its
+    rows of ``dln * ln_hat``, ``dln`` and ``dy * o_hat`` (the LayerNorm weight, bias and
+    RMSNorm weight gradients once the caller sums over slots: deterministic, no atomics).
+    Program (q_block, seq) owns slot ``q_offsets[seq] // tile_q + seq + q_block``: distinct
+    for every program with rows, fewer than ``total_q // tile_q + batch + 1`` in all (a
+    bound on the rows there are, not on ``batch * max_seq_len_q``), the rest zero. With
+    ``param_sums`` = 0 it is [3, 1, H, D] of zeros.
 
     Per Q tile, as the forward: a loop over heads for the RMSNorm backward's row sum
     ``sum(dy * w * o)``; a second gives each head's ``do_h``, recomputes ``ln_h``, runs the
@@ -429,13 +433,14 @@ def flash_norm_attention_dq_kernel(
     block_q = hl.register_block_size(16, 128)
     batch = q_offsets.size(0) - 1
     with_sums = hl.specialize(param_sums)
-    q_blocks = (max_seq_len_q + block_q - 1) // block_q
     dq = torch.empty_like(q)
-    partials = torch.zeros([3, q_blocks * batch if with_sums else 1, num_heads, head_dim], dtype=torch.float32,
-                           device=q.device)
-    for q_block, seq in hl.grid([q_blocks, batch]):
+    ln_out = torch.empty_like(q)
+    do_out = torch.empty_like(q)
+    slots = q.size(0) // block_q + batch + 1 if with_sums else 1
+    partials = torch.zeros([3, slots, num_heads, head_dim], dtype=torch.float32, device=q.device)
+    for q_block, seq in hl.grid([(max_seq_len_q + block_q - 1) // block_q, batch]):
         in_lane = (hl.arange(head_dim) < head_dim)[None, :]  # padded head_dim lanes, as the forward
-        program = seq * q_blocks + q_block
+        slot = q_offsets[seq] // block_q + seq + q_block
         q_end = q_offsets[seq + 1]
         begin = q_offsets[seq] + q_block * block_q
         kv_start = kv_offsets[seq]
@@ -461,6 +466,8 @@ def flash_norm_attention_dq_kernel(
                 if rms_weight is not None:
                     g = g * rms_weight[h, :].to(torch.float32)[None, :]
                 do_h = g * rstd_o[:, None] - o_h * c[:, None]
+                if with_sums:  # before the KV loop, so dy_h and o_h need not stay live through it
+                    partials[2, slot, h, :] = torch.sum(dy_h * o_h * rstd_o[:, None], dim=0)
                 x_hat = torch.where(in_lane, (q[tile_q, h, :].to(torch.float32) - mean[:, None]) * rstd[:, None], 0.0)
                 ln = x_hat
                 if ln_weight is not None:
@@ -484,9 +491,8 @@ def flash_norm_attention_dq_kernel(
                 sum_g = sum_g + torch.sum(torch.where(in_lane, g_ln, 0.0), dim=1)
                 sum_g_hat = sum_g_hat + torch.sum(g_ln * x_hat, dim=1)
                 if with_sums:
-                    partials[0, program, h, :] = torch.sum(dln * x_hat, dim=0)
-                    partials[1, program, h, :] = torch.sum(dln, dim=0)
-                    partials[2, program, h, :] = torch.sum(dy_h * o_h * rstd_o[:, None], dim=0)
+                    partials[0, slot, h, :] = torch.sum(dln * x_hat, dim=0)
+                    partials[1, slot, h, :] = torch.sum(dln, dim=0)
                 dq[tile_q, h, :] = dln.to(dq.dtype)
             # LayerNorm backward: dq = dy + rstd * (g - mean(g) - x_hat * mean(g * x_hat)), g = dln * ln_weight.
             mean_g = sum_g / width
@@ -498,7 +504,7 @@ def flash_norm_attention_dq_kernel(
                 x_hat = (q[tile_q, h, :].to(torch.float32) - mean[:, None]) * rstd[:, None]
                 dq_h = rstd[:, None] * (g_ln - mean_g[:, None] - x_hat * mean_g_hat[:, None])
                 dq[tile_q, h, :] = (dy[tile_q, h, :].to(torch.float32) + dq_h).to(dq.dtype)
-    return dq, partials
+    return dq, ln_out, do_out, partials
 
 
 # block_sizes = [tile_kv, tile_q]. The kernel works on [tile_q, D] and [tile_kv, D] tiles, as
@@ -659,7 +665,7 @@ def fna_dq_args(q, k, v, qo, ko, max_seq_len_q, ln_weight, ln_bias, rms_weight, 
     """The fused dq kernel's arguments for a forward call's arguments (the affine parameters
     [H, D], not None) and an output gradient ``dy``: the forward's saved ``o`` and statistics
     computed here in fp32 (``o`` rounded to ``q.dtype``, as the forward kernel writes it),
-    parameter sums on, fresh ``ln_out`` / ``do_out``."""
+    parameter sums on."""
     total = q.shape[0]
     rows = q.float().reshape(total, -1)
     var, mean = torch.var_mean(rows, dim=1, correction=0)
@@ -668,7 +674,7 @@ def fna_dq_args(q, k, v, qo, ko, max_seq_len_q, ln_weight, ln_bias, rms_weight, 
     o = (gdpa_reference(ln.to(q.dtype), k, v, qo, ko, qk_scale, ACTIVATIONS[activation]) + ln).to(q.dtype)
     rstd_o = torch.rsqrt(o.float().reshape(total, -1).pow(2).mean(dim=1) + eps)
     return (q, k, v, dy, o, torch.stack([mean, rstd, rstd_o]), qo, ko, max_seq_len_q, ln_weight, ln_bias,
-            rms_weight, qk_scale, activation, 1, torch.empty_like(q), torch.empty_like(q))
+            rms_weight, qk_scale, activation, 1)
 
 
 def _fna_dq_args(row, dtype, device, seed):
@@ -678,20 +684,26 @@ def _fna_dq_args(row, dtype, device, seed):
     return fna_dq_args(*forward, dy)
 
 
-def _fna_dq_ref(q, k, v, dy, o, stats, qo, ko, max_q, lw, lb, rw, qk_scale, act, param_sums, ln_out, do_out):
-    """(dq, the parameter gradients [3, H, D]) by autograd of the fp32 block (float64 stays
-    float64), whose norms' eps is the forward's, :data:`EPS`."""
+def _fna_dq_ref(q, k, v, dy, o, stats, qo, ko, max_q, lw, lb, rw, qk_scale, act, param_sums):
+    """(dq, ln, do, the parameter gradients [3, H, D]): dq and the parameters' gradients by
+    autograd of the fp32 block (float64 stays float64; its norms' eps is the forward's,
+    :data:`EPS`, which the saved statistics hold); ``ln`` and ``do`` by their formulas from
+    the saved ``o`` and statistics, so that tuning checks what the dk/dv kernel will read."""
     dt = torch.float64 if q.dtype == torch.float64 else torch.float32
     leaves = [t.detach().to(dt).requires_grad_() for t in (q, lw, lb, rw)]
     out = flash_norm_attention_reference(leaves[0], k.to(dt), v.to(dt), qo, ko, *leaves[1:], EPS, qk_scale,
                                          ACTIVATIONS[act])
     dq, *dparams = torch.autograd.grad(out, leaves, dy.to(dt))
-    return dq, torch.stack(dparams)
+    mean, rstd, rstd_o = (s_[:, None, None] for s_ in stats.to(dt))
+    ln = (q.to(dt) - mean) * rstd * lw.to(dt) + lb.to(dt)
+    g, o_ = dy.to(dt) * rw.to(dt), o.to(dt)
+    c = (g * o_).sum(dim=(1, 2), keepdim=True) * rstd_o**3 / (q.shape[1] * q.shape[2])
+    return dq, ln, g * rstd_o - o_ * c, torch.stack(dparams)
 
 
 def _sum_programs(outputs: tuple) -> tuple:
-    dq, partials = outputs
-    return dq, partials.sum(dim=1)
+    dq, ln, do, partials = outputs
+    return dq, ln, do, partials.sum(dim=1)
 
 
 SPEC_FNA_DQ = KernelSpec(
