@@ -73,7 +73,7 @@ def _op_cases():
          (q, k, v, qo, ko, 7, 8, lw, lb, rw, 1e-5, "fast_gelu", 1.0, True, True)),
         ("gdpa_backward", attention._GDPA_BACKWARD, (q, k, v, torch.randn_like(q), qo, ko, 7, 8, "relu", 0.5)),
         ("flash_norm_attention_backward", attention._FNA_BACKWARD,
-         (torch.randn_like(q), q, k, v, torch.randn_like(q), torch.rand(3, q.shape[0]) + 0.5, qo, ko, lw, lb, rw, 7, 8,
+         (torch.randn_like(q), q, k, v, torch.randn_like(q), torch.rand(3, q.shape[0], device=q.device) + 0.5, qo, ko, lw, lb, rw, 7, 8,
           "fast_gelu", 1.0, True, True)),
     ]
 
