@@ -197,8 +197,26 @@ def _bound(spec: KernelSpec, args: tuple):
 
 def _compiled(spec: KernelSpec, args: tuple, resolved: Resolved) -> Callable:
     """The host function Helion generated for ``args`` and ``resolved.config`` (compiled once
-    per config and build; Helion caches both)."""
-    return _build(spec, args, resolved.source).bind(args).compile_config(resolved.config)
+    per config and build; Helion caches both). A registry config saved for an earlier version
+    of the kernel, whose per-loop or per-access lists no longer have the kernel's lengths
+    (a loop or a load added or removed since), runs fitted to the kernel
+    (:func:`~.tuning.fit_seed`), with a ``ConfigFallbackWarning`` naming the re-tune."""
+    from helion.exc import InvalidConfig  # already imported by the kernel module
+
+    bound = _build(spec, args, resolved.source).bind(args)
+    try:
+        return bound.compile_config(resolved.config)
+    except InvalidConfig as err:
+        from .tuning import fit_seed
+
+        fitted = fit_seed(bound.config_spec, resolved.config)
+        if fitted is resolved.config:
+            raise
+        warnings.warn(registry.ConfigFallbackWarning(
+            f"{spec.name}: the registry's config for {spec.key_of(args)} does not fit this version of the kernel "
+            f"({err}); running it fitted to the kernel's loops and memory accesses. Re-tune: helion-kernels "
+            f"autotune --kernel {spec.name} ... --force"), stacklevel=4)
+        return bound.compile_config(fitted)
 
 
 def _resolved(spec: KernelSpec, args: tuple) -> Resolved:

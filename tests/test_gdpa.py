@@ -350,3 +350,23 @@ def test_saved_outputs_under_the_interpreter():
         bound(*args, o, s)
 
     _check_saved_outputs(call, q, k, v, qo, ko, w, b, dtype, 0.7, "silu")
+
+
+@pytest.mark.triton_interpret
+def test_a_registry_config_of_an_earlier_kernel_runs_fitted():
+    """A config saved for an earlier version of the kernel (one loop more: its per-loop list
+    one entry too long, as the forward's entries after its statistics went to one pass) runs
+    fitted to the kernel, with a warning naming the re-tune, instead of failing the launch."""
+    from helion_kernels.registry import ConfigFallbackWarning
+    from helion_kernels.techniques.attention.kernels import SPEC_GDPA
+
+    q, k, v, qo, ko = _inputs(torch.float16, "cpu", 24, 2, 32, INTERPRETER_Q, INTERPRETER_KV)
+    args = (q, k, v, qo, ko, 33, 0.7, 3)
+    loops = len(gdpa_kernel.bind(args).config_spec.range_unroll_factors)
+    stale = helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1, range_unroll_factors=[0] * (loops + 1))
+    with pytest.raises(helion.exc.InvalidConfig):
+        gdpa_kernel.bind(args).compile_config(stale)
+    with pytest.warns(ConfigFallbackWarning, match="does not fit this version of the kernel"):
+        run = runtime._compiled(SPEC_GDPA, args, runtime.Resolved(stale, "exact", None))
+    ref = gdpa_reference(q.double(), k.double(), v.double(), qo, ko, 0.7, "relu")
+    _check_per_sequence(run(*args), ref, qo, torch.float16)
