@@ -39,6 +39,9 @@ from helion_kernels.spec import AttentionRow
 from helion_kernels.techniques import attention
 from helion_kernels.techniques.attention import kernels
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gdpa_candidates import add_rows_argument, parsed_rows  # noqa: E402  (the variant scripts' --rows)
+
 TOLERANCE = 5e-2  # bf16 gradients
 
 
@@ -135,21 +138,12 @@ def sweep_row(row: AttentionRow, ceilings) -> list[dict]:
     return out
 
 
-def _row(text: str) -> AttentionRow:
-    heads, max_q = (int(x) for x in text.split(","))
-    return AttentionRow(768, heads, 128, max_q, 128, 0.5, 0)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", nargs="+", default=["2,256", "4,1024", "8,1024", "8,3000"], metavar="H,MAX_Q",
-                   help="attention rows as H,max_seq_len_q (batch 768, D 128, KV 128, fill 0.5)")
+    add_rows_argument(p, ["2,256", "4,1024", "8,1024", "8,3000"])
     p.add_argument("--out", type=Path, default=None, help="folder (default: bench/results/<gpu>/variants/)")
     args = p.parse_args(argv)
-    try:
-        rows = [_row(r) for r in args.rows]
-    except ValueError:
-        p.error("--rows takes H,max_seq_len_q pairs such as 2,256")
+    rows = parsed_rows(p, args.rows)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU (both variants' math runs on the CPU in tests/test_variants_fna_backward.py)",
               file=sys.stderr)

@@ -142,18 +142,27 @@ def _row(text: str) -> AttentionRow:
     return AttentionRow(768, heads, 128, max_q, 128, 0.5, 0)
 
 
+def add_rows_argument(p: argparse.ArgumentParser, default: list[str]) -> None:
+    """``--rows H,MAX_Q ...``: attention rows of the variant scripts (batch 768, D 128, KV 128)."""
+    p.add_argument("--rows", nargs="+", default=default, metavar="H,MAX_Q",
+                   help="attention rows as H,max_seq_len_q (batch 768, D 128, KV 128, fill 0.5)")
+
+
+def parsed_rows(p: argparse.ArgumentParser, texts: list[str]) -> list[AttentionRow]:
+    try:
+        return [_row(r) for r in texts]
+    except ValueError:
+        p.error("--rows takes H,max_seq_len_q pairs such as 2,256")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", nargs="+", default=["2,256", "8,1024", "8,3000"], metavar="H,MAX_Q",
-                   help="attention rows as H,max_seq_len_q (batch 768, D 128, KV 128, fill 0.5)")
+    add_rows_argument(p, ["2,256", "8,1024", "8,3000"])
     p.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
     p.add_argument("--candidates", nargs="+", choices=list(CANDIDATES), default=list(CANDIDATES))
     p.add_argument("--out", type=Path, default=None, help="folder (default: bench/results/<gpu>/variants/)")
     args = p.parse_args(argv)
-    try:
-        rows = [_row(r) for r in args.rows]
-    except ValueError:
-        p.error("--rows takes H,max_seq_len_q pairs such as 2,256")
+    rows = parsed_rows(p, args.rows)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU (the candidates' math runs on the CPU in tests/test_variants_gdpa_candidates.py)",
               file=sys.stderr)
