@@ -165,15 +165,13 @@ def _backward_fna(ctx, dy, *_):
         return _FNA.input_grads()
     need = _FNA.named(ctx.needs_input_grad)
     q, k, v, q_offsets, kv_offsets, ln_weight, ln_bias, rms_weight, o, stats = ctx.saved_tensors
-    need_params = any(getattr(need, name) and p is not None for name, p in
-                      (("ln_weight", ln_weight), ("ln_bias", ln_bias), ("rms_weight", rms_weight)))
+    params = {"ln_weight": ln_weight, "ln_bias": ln_bias, "rms_weight": rms_weight}  # dparams' order
+    need_params = any(getattr(need, name) and p is not None for name, p in params.items())
     max_q, max_kv, activation, qk_scale = ctx.args
-    dq, dk, dv, dparams = _FNA_BACKWARD(dy, q, k, v, o, stats, q_offsets, kv_offsets, ln_weight, ln_bias,
-                                        rms_weight, max_q, max_kv, activation, qk_scale, need_params,
-                                        bool(need.k or need.v))
-    grads = {}
-    for i, (name, param) in enumerate((("ln_weight", ln_weight), ("ln_bias", ln_bias), ("rms_weight", rms_weight))):
-        grads[name] = param_grad(dparams[i] if need_params else None, param, getattr(need, name))
+    dq, dk, dv, dparams = _FNA_BACKWARD(dy, q, k, v, o, stats, q_offsets, kv_offsets, *params.values(), max_q,
+                                        max_kv, activation, qk_scale, need_params, bool(need.k or need.v))
+    grads = {name: param_grad(dparams[i] if need_params else None, p, getattr(need, name))
+             for i, (name, p) in enumerate(params.items())}
     return _FNA.input_grads(q=dq, k=dk, v=dv, **grads)
 
 
