@@ -34,6 +34,7 @@ import helion.language as hl
 import torch
 import torch.nn.functional as F
 
+from ...autograd import layer_stats, layer_x_hat, rms_rstd
 from ...limits import ACTIVATIONS, MAX_SEQ_LEN_KV
 from ...spec import AttentionRow, AttentionShape, KernelSpec
 
@@ -667,12 +668,10 @@ def fna_dq_args(q, k, v, qo, ko, max_seq_len_q, ln_weight, ln_bias, rms_weight, 
     computed here in fp32 (``o`` rounded to ``q.dtype``, as the forward kernel writes it),
     parameter sums on."""
     total = q.shape[0]
-    rows = q.float().reshape(total, -1)
-    var, mean = torch.var_mean(rows, dim=1, correction=0)
-    rstd = torch.rsqrt(var + eps)
-    ln = ((rows - mean[:, None]) * rstd[:, None]).reshape(q.shape) * ln_weight.float() + ln_bias.float()
+    mean, rstd = layer_stats(q.reshape(total, -1), eps)
+    ln = layer_x_hat(q.reshape(total, -1).float(), mean, rstd).view(q.shape) * ln_weight.float() + ln_bias.float()
     o = (gdpa_reference(ln.to(q.dtype), k, v, qo, ko, qk_scale, ACTIVATIONS[activation]) + ln).to(q.dtype)
-    rstd_o = torch.rsqrt(o.float().reshape(total, -1).pow(2).mean(dim=1) + eps)
+    rstd_o = rms_rstd(o.reshape(total, -1), eps)
     return (q, k, v, dy, o, torch.stack([mean, rstd, rstd_o]), qo, ko, max_seq_len_q, ln_weight, ln_bias,
             rms_weight, qk_scale, activation, 1)
 
@@ -701,7 +700,7 @@ def _fna_dq_ref(q, k, v, dy, o, stats, qo, ko, max_q, lw, lb, rw, qk_scale, act,
     return dq, ln, g * rstd_o - o_ * c, torch.stack(dparams)
 
 
-def _sum_programs(outputs: tuple) -> tuple:
+def _sum_slots(outputs: tuple) -> tuple:
     dq, ln, do, partials = outputs
     return dq, ln, do, partials.sum(dim=1)
 
@@ -710,4 +709,4 @@ SPEC_FNA_DQ = KernelSpec(
     name="flash_norm_attention_dq", kernel=flash_norm_attention_dq_kernel, workload="attention",
     make_args=_fna_dq_args, key_of=key_of, reference=_fna_dq_ref, default_config=DEFAULT_CONFIG,
     seed_configs=_seeds(((32, 32, 4, 2), (64, 32, 4, 2), (64, 16, 4, 2), (128, 32, 8, 2), (64, 64, 4, 2))),
-    compare_outputs=_sum_programs, warn_default=False)
+    compare_outputs=_sum_slots, warn_default=False)
