@@ -186,6 +186,12 @@ def f32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
+def col_sums(t: torch.Tensor) -> torch.Tensor:
+    """Column sums of a 2-D tensor in fp32 (float64 for float64), accumulated in one pass
+    with no widened copy of ``t`` (a bf16 [M, N] gradient is not written again in fp32)."""
+    return t.sum(dim=0, dtype=torch.promote_types(t.dtype, torch.float32))
+
+
 def mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` accumulated and returned in fp32 (torch's CPU build has no ``out_dtype``)."""
     if a.is_cuda and a.dtype in (torch.bfloat16, torch.float16):
@@ -256,7 +262,7 @@ def colsum_for(b: torch.Tensor) -> torch.Tensor | None:
     """The pre-LayerNorm kernels' ``colsum`` of the GEMM's right operand ``b`` [K, N]: its
     column sums in fp32, of ``b`` as stored (what the MMA reads); None for fp32 ``b``, whose
     MMA rounds to TF32 (the kernels then take the mean off each ``a`` tile instead)."""
-    return None if b.dtype == torch.float32 else b.float().sum(dim=0)
+    return None if b.dtype == torch.float32 else b.sum(dim=0, dtype=torch.float32)
 
 
 def layer_row_backward(dx_hat: torch.Tensor, x_hat: torch.Tensor, rstd: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,7 @@ import helion
 import helion.language as hl
 import torch
 
-from ...autograd import colsum_for, rms_rstd
+from ...autograd import col_sums, colsum_for, rms_rstd
 from ...spec import KernelSpec, Shape, gemm_shape, random_gemm_operands, reference_dtype
 from ..postnorm.kernels import LAYERNORM, RMSNORM
 from ..gemm.kernels import (
@@ -467,7 +467,7 @@ def _make_args_dgrad(shape: Shape, dtype: torch.dtype, device, seed: int | None)
     gen = torch.Generator(device=a.device).manual_seed(seed + 1)
     dc = torch.randn(shape.M, shape.N, generator=gen, device=a.device, dtype=torch.float32).to(dtype)
     c, mean, rstd = prenorm_matmul_reference(a, b, eps, LAYERNORM, colsum, beta)
-    s2, s1 = row_terms(dc, c.to(dtype), beta, b.float().sum(dim=0))
+    s2, s1 = row_terms(dc, c.to(dtype), beta, col_sums(b))
     return a, b, dc, rstd.float(), s2, mean.float(), s1
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from ... import checks, runtime
-from ...autograd import (Op, colsum_for, empty_like_layout, f32, gemm_operand, layer_row_backward, layer_stats,
-                         layer_x_hat, mm_fp32, run_compiled, wgrad)
+from ...autograd import (Op, col_sums, colsum_for, empty_like_layout, f32, gemm_operand, layer_row_backward,
+                         layer_stats, layer_x_hat, mm_fp32, run_compiled, wgrad)
 from . import LAYERNORM, _kernels, fold_rmsnorm_weight
 
 
@@ -41,8 +41,8 @@ def _layernorm_matmul(a: torch.Tensor, b: torch.Tensor, beta: torch.Tensor | Non
     """(c, mean, rstd, x_hat): ``x_hat`` is the unfused path's normalised ``a`` (the cuBLAS
     GEMM's operand, kept for the wgrad), [0, K] after the fused kernel."""
     a, b = a.contiguous(), gemm_operand(b)
-    args = (a, b, eps, LAYERNORM, colsum_for(b), beta)
-    if runtime.decide(_kernels.SPEC_LAYERNORM, args, fused).fused:
+    if runtime.decide(_kernels.SPEC_LAYERNORM, (a, b), fused).fused:
+        args = (a, b, eps, LAYERNORM, colsum_for(b), beta)
         return (*runtime.launch(_kernels.SPEC_LAYERNORM, args), a.new_empty(0, a.shape[1]))
     x_hat, mean, rstd = run_compiled(_layer_norm_stats, a, eps)
     return _plus_beta(x_hat, b, beta), mean, rstd, x_hat
@@ -85,7 +85,7 @@ def layernorm_grads(a, b, beta, mean, rstd, x_hat, c, dc, fused, need_a: bool, n
     kept = x_hat.shape[0] > 0
     if need_a:
         if not kept and runtime.decide(_kernels.SPEC_LAYERNORM_BACKWARD, (a, b), fused).fused:
-            s2, s1 = run_compiled(_kernels.row_terms, dc, c, beta, b.float().sum(dim=0))
+            s2, s1 = run_compiled(_kernels.row_terms, dc, c, beta, col_sums(b))
             da, x_hat = runtime.launch(_kernels.SPEC_LAYERNORM_BACKWARD, (a, b, dc, rstd, s2, mean, s1))
         elif kept:
             da = run_compiled(_layer_da, torch.mm(dc, b.t()), a, mean, rstd)
@@ -127,7 +127,7 @@ def _backward(ctx, dc, _dmean, _drstd, _dx_hat):
     a, b, beta, mean, rstd, x_hat, c = ctx.saved_tensors
     need = _OP.named(ctx.needs_input_grad)
     da, db = _GRADS(a, b, beta, mean, rstd, x_hat, c, dc, ctx.fused, need.a, need.b)
-    dbeta = dc.float().sum(dim=0) if need.beta else None
+    dbeta = col_sums(dc) if need.beta else None
     return _OP.input_grads(a=da if need.a else None, b=db if need.b else None, beta=dbeta)
 
 
@@ -141,8 +141,8 @@ _OP = Op("layernorm_matmul", _layernorm_matmul, _layernorm_matmul_fake, backward
 def _given(a: torch.Tensor, b: torch.Tensor, beta: torch.Tensor | None, mean: torch.Tensor, rstd: torch.Tensor,
            fused: bool | None) -> torch.Tensor:
     a, b = a.contiguous(), gemm_operand(b)
-    args = (a, b, rstd.contiguous(), mean.contiguous(), colsum_for(b), beta)
-    if runtime.decide(_kernels.SPEC_LAYERNORM_GIVEN, args, fused).fused:
+    if runtime.decide(_kernels.SPEC_LAYERNORM_GIVEN, (a, b), fused).fused:
+        args = (a, b, rstd.contiguous(), mean.contiguous(), colsum_for(b), beta)
         return runtime.launch(_kernels.SPEC_LAYERNORM_GIVEN, args)
     return _plus_beta(run_compiled(layer_x_hat, a, mean, rstd), b, beta)
 
@@ -178,7 +178,7 @@ def _backward_given(ctx, dc):
         da, dmean, drstd = run_compiled(given_stats_dgrad, mm_fp32(dc, b.t()), a, mean, rstd)
     if need.b:
         db = wgrad(run_compiled(layer_x_hat, a, mean, rstd), dc, b)
-    return _GIVEN.input_grads(a=da if need.a else None, b=db, beta=dc.float().sum(dim=0) if need.beta else None,
+    return _GIVEN.input_grads(a=da if need.a else None, b=db, beta=col_sums(dc) if need.beta else None,
                               mean=dmean if need.mean else None, rstd=drstd if need.rstd else None)
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 
 from ... import checks, runtime
-from ...autograd import (Op, colsum_for, empty_like_layout, f32, gemm_operand, layer_row_backward, layer_stats,
-                         layer_x_hat, rms_row_backward, rms_rstd, rms_x_hat, run_compiled, wgrad)
+from ...autograd import (Op, col_sums, colsum_for, empty_like_layout, f32, gemm_operand, layer_row_backward,
+                         layer_stats, layer_x_hat, rms_row_backward, rms_rstd, rms_x_hat, run_compiled, wgrad)
 from . import LAYERNORM, _kernels, fold_rmsnorm_weight
 from .layernorm import _plus_beta, folded_bias
 
@@ -97,7 +97,7 @@ def _grads(h: torch.Tensor, b: torch.Tensor, beta: torch.Tensor | None, mean: to
         spec = _kernels.SPEC_LAYERNORM_BACKWARD if layernorm else _kernels.SPEC_BACKWARD
         if not kept and runtime.decide(spec, (h, b), fused).fused:
             if layernorm:
-                s2, s1 = run_compiled(_kernels.row_terms, dy, y, beta, b.float().sum(dim=0))
+                s2, s1 = run_compiled(_kernels.row_terms, dy, y, beta, col_sums(b))
                 dn, x_hat = runtime.launch(spec, (h, b, dy, rstd, s2, mean, s1))
             else:
                 dn, x_hat = runtime.launch(spec, (h, b, dy, rstd))
@@ -141,7 +141,7 @@ def _backward(ctx, dy, dh, _dmean, _drstd, _dx_hat):
         db = db if need.b else None
     elif dh is not None:
         dh_total = dh
-    dbeta = dy.float().sum(dim=0) if dy is not None and need.beta else None
+    dbeta = col_sums(dy) if dy is not None and need.beta else None
     return _OP.input_grads(x=dh_total if need.x else None, residual=dh_total if need.residual else None,
                            b=db, beta=dbeta)
 
