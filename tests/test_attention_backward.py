@@ -167,10 +167,10 @@ def test_opcheck_with_autograd():
                           (q, k, v, qo, ko, max_q, max_kv, *params, 1e-5, "relu", 0.7, True, True))
     torch.library.opcheck(attention._GDPA.custom_op, (q, k, v, qo, ko, max_q, max_kv, "relu", 0.7, True))
     out, o, stats = attention._FNA(q, k, v, qo, ko, max_q, max_kv, *params, 1e-5, "relu", 0.7, True, True)
-    for need_params in (True, False):
+    for need_params, fused in ((True, None), (False, None), (True, False), (False, False)):  # False: norms apart
         torch.library.opcheck(attention._FNA_BACKWARD.custom_op,
                               (torch.randn_like(out), q, k, v, o, stats, qo, ko, *params, max_q, max_kv, "relu", 0.7,
-                               need_params, True), test_utils=("test_schema", "test_faketensor"))
+                               need_params, True, fused), test_utils=("test_schema", "test_faketensor"))
 
 
 @pytest.mark.cuda

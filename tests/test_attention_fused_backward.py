@@ -1,6 +1,7 @@
 """FlashNormAttention's fused backward kernel (both norms' backward inside GDPA's dq kernel):
 ``dq``, the norm parameters' gradients, and the ``ln`` / ``do`` it hands to the dk/dv kernel,
-against autograd of the float64 block, in reference mode, under the Triton interpreter (explicit
+against autograd of the float64 block (and the same of the norms-apart path the op runs where
+the kernel is not tuned faster; the dispatch between them), in reference mode, under the Triton interpreter (explicit
 16-row tiles: partial tiles, empty sequences, a head_dim padded to a power of two, no affine
 parameters) and on a GPU with the registry's config; the block barrier between the parked
 ``dln`` and its re-read in the generated code. The public op's gradients are tested in
@@ -12,8 +13,9 @@ import helion
 import pytest
 import torch
 
-from helion_kernels import runtime
+from helion_kernels import registry, runtime
 from helion_kernels.limits import ACTIVATIONS
+from helion_kernels.techniques import attention
 from helion_kernels.techniques.attention.kernels import (
     EPS,
     SPEC_FNA_DQ,
@@ -31,8 +33,8 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 SMALL = helion.Config(block_sizes=[16, 16], num_warps=4, num_stages=1)
 
 
-def _args(dtype, device, seed, heads=2, dim=32, mean=0.0, activation=0):
-    q, k, v, qo, ko = random_jagged_inputs(Q_LENGTHS, KV_LENGTHS, heads, dim, dtype, device, seed)
+def _args(dtype, device, seed, heads=2, dim=32, mean=0.0, activation=0, kv_lengths=KV_LENGTHS):
+    q, k, v, qo, ko = random_jagged_inputs(Q_LENGTHS, kv_lengths, heads, dim, dtype, device, seed)
     q = (q.float() + mean).to(dtype)  # rows far from zero mean: the LayerNorm's hard case
     gen = torch.Generator(device=device).manual_seed(seed + 1)
     params = [((1.0 if i != 1 else 0.0) + 0.2 * torch.randn(heads, dim, generator=gen, device=device)).to(dtype)
@@ -75,6 +77,32 @@ def test_without_parameter_sums(device):
     dq, _, _, partials = runtime.launch(SPEC_FNA_DQ, (*args[:14], 0))
     assert partials.shape == (3, 1, 2, 32) and not partials.any()
     check_outputs(dq, SPEC_FNA_DQ.reference(*args)[0], torch.float32, tolerance=1e-4)
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("keys", ["keys", "no_keys"])
+def test_norms_apart_path(keys, dtype, device):
+    """What the op runs where the fused kernel is not tuned faster: the same four results,
+    also with no KV rows at all (only the norms and the residual paths remain)."""
+    args = _args(dtype, device, 3, mean=300.0, kv_lengths=KV_LENGTHS if keys == "keys" else [0] * len(KV_LENGTHS))
+    dq, ln, do, dparams = attention._norms_apart_dq(*args)
+    _check(args, (dq, ln, do, dparams[:, None]), dtype)  # dparams as one slot of partial sums
+
+
+def test_dispatch(decisions):
+    """The fused kernel only where the registry recorded it faster than the norms apart;
+    ``fused`` forces."""
+    args = _args(torch.float32, "cpu", 0)
+    assert not runtime.decide(SPEC_FNA_DQ, args).fused  # no entry
+    assert runtime.decide(SPEC_FNA_DQ, args, True).fused
+    meta = {"latency_ms": 0.01, "dispatch": {"choice": "fused", "fused_ms": 0.01, "unfused_ms": 0.02,
+                                             "unfused": SPEC_FNA_DQ.dispatch_baseline}}
+    registry.save_entry(SPEC_FNA_DQ.name, registry.gpu_key(torch.device("cpu")),
+                        registry.Entry(SPEC_FNA_DQ.key_of(args), "float32", SPEC_FNA_DQ.default_config, meta))
+    runtime.clear_cache()
+    assert runtime.decide(SPEC_FNA_DQ, args).fused
+    assert not runtime.decide(SPEC_FNA_DQ, args, False).fused
 
 
 @pytest.mark.triton_interpret

@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
-import fna_backward  # bench/variants: the attention's backward before its norms were fused
 from helion_kernels import autograd
-from helion_kernels.techniques import prenorm
+from helion_kernels.techniques import attention, prenorm
 from helion_kernels.techniques import postnorm
 
 
@@ -56,7 +55,7 @@ def test_widths_static_lets_jagged_totals_vary():
     batch's total) new at every step, compile twice, not once per T."""
     torch._dynamo.reset()
     counters.clear()
-    compiled = torch.compile(fna_backward.fna_input_backward, backend="eager", dynamic=None)
+    compiled = torch.compile(attention._fna_input_backward, backend="eager", dynamic=None)
     width = 8
     ln_weight = torch.randn(width)
     for total in (5, 9, 30, 17, 64, 3):
@@ -131,3 +130,36 @@ def test_inductor_writes_da_in_place(fn):
     tensors = 1 if fn == "rmsnorm_matmul_da" else 2
     assert torch.cuda.max_memory_allocated() - base < (tensors + 0.5) * m * k * a.element_size()
     del out
+
+
+class _Block(torch.autograd.Function):
+    """float64 forward of the FlashNormAttention block on rows [T, W] with a dense stand-in for
+    the attention (``ln @ m``: any differentiable map of ``ln`` checks the formulas' plumbing),
+    backward by the norms-apart path's two row passes."""
+
+    @staticmethod
+    def forward(ctx, q, m, lw, lb, rw):
+        var, mean = torch.var_mean(q, dim=1, correction=0)
+        rstd = torch.rsqrt(var + 1e-5)
+        ln = (q - mean[:, None]) * rstd[:, None] * lw + lb
+        o = ln @ m + ln
+        rstd_o = torch.rsqrt(o.pow(2).mean(dim=1) + 1e-5)
+        ctx.save_for_backward(q, m, lw, lb, rw, o, torch.stack([mean, rstd, rstd_o]))
+        return o * rstd_o[:, None] * rw + q
+
+    @staticmethod
+    def backward(ctx, dy):
+        q, m, lw, lb, rw, o, stats = ctx.saved_tensors
+        do, ln, drw = attention._fna_output_backward(dy, o, q, stats, lw, lb, rw)
+        dq, dlw, dlb = attention._fna_input_backward(dy, do, do @ m.t(), q, stats, lw)
+        return dq, ln.t() @ do, dlw, dlb, drw
+
+
+def test_gradcheck_attention_norm_row_passes():
+    gen = torch.Generator().manual_seed(11)
+
+    def t(*shape, center=0.0):
+        return (center + torch.randn(*shape, generator=gen, dtype=torch.float64)).requires_grad_()
+
+    q, m = t(4, 6), (0.3 * t(6, 6)).detach().requires_grad_()
+    assert torch.autograd.gradcheck(_Block.apply, (q, m, t(6, center=1.0), t(6), t(6, center=1.0)))

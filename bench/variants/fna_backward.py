@@ -1,16 +1,16 @@
-"""FlashNormAttention's backward, the norms fused into GDPA's dq kernel (shipped) against the
-norms apart (before), timed side by side.
+"""FlashNormAttention's backward, the norms fused into GDPA's dq kernel against the norms
+apart, timed side by side: the race the op's dispatch follows.
 
-Why (issue: the norm backward ran as separate compiled passes around the GDPA kernels): apart,
-the backward is four launches (an inductor pass for the RMSNorm backward that also recomputes
-``ln``; GDPA's dq kernel; its dk/dv kernel; an inductor pass for the LayerNorm backward) and
-moves about 15 tensors of q's size. Fused (``flash_norm_attention_dq``, since 2026-12-07):
-one Helion kernel does the RMSNorm backward, recomputes ``ln``, runs the dq loop and the
-LayerNorm backward per Q tile of all heads, and writes ``ln`` / ``do`` for the unchanged dk/dv
-kernel, about 8 tensors (plus the parameters' per-program partial sums).
+Apart (what the op runs unless tuning measured the fused kernel faster for (H, D)): an
+inductor pass for the RMSNorm backward that also recomputes ``ln``; GDPA's dq kernel; an
+inductor pass for the LayerNorm backward; about 15 tensors of q's size moved. Fused
+(``flash_norm_attention_dq``): one Helion kernel does the RMSNorm backward, recomputes ``ln``,
+runs the dq loop and the LayerNorm backward per Q tile of all heads, about 8 tensors (plus the
+parameters' per-program partial sums). Both then run GDPA's dk/dv kernel on the ``ln`` and
+``do`` they wrote.
 
-* ``fused``: :func:`helion_kernels.techniques.attention._fna_backward_impl`, as autograd runs it;
-* ``apart``: :func:`norms_apart_backward`, the backward before, each piece as it ran then.
+* ``fused``: :func:`helion_kernels.techniques.attention._fna_backward_impl` with ``fused=True``;
+* ``apart``: the same with ``fused=False``.
 
 Both get the same saved ``o`` and statistics (the forward kernel's) and the same ``dy``, run
 their registry configs for (H, D) (else the defaults), are checked against each other (5e-2,
@@ -33,7 +33,6 @@ import pandas as pd
 import torch
 
 from helion_kernels import registry, runtime
-from helion_kernels.autograd import f32, layer_row_backward, rms_row_backward, run_compiled
 from helion_kernels.limits import ACTIVATIONS
 from helion_kernels.spec import AttentionRow
 from helion_kernels.techniques import attention
@@ -43,54 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gdpa_candidates import add_rows_argument, parsed_rows  # noqa: E402  (the variant scripts' --rows)
 
 TOLERANCE = 5e-2  # bf16 gradients
-
-
-def fna_output_backward(dy, o, q, stats, ln_weight, ln_bias, rms_weight):
-    """(do in ``o.dtype``, the recomputed ``ln`` in ``q.dtype``, drms_weight fp32 [W] or
-    None) from ``dy`` [T, W]: the RMSNorm's backward (parameters [W] or None)."""
-    dy32 = f32(dy)
-    rstd_o = stats[2]
-    o_hat = f32(o) * rstd_o[:, None]
-    g = dy32 if rms_weight is None else dy32 * f32(rms_weight)
-    do = rms_row_backward(g, o_hat, rstd_o)
-    drms_weight = (dy32 * o_hat).sum(dim=0) if rms_weight is not None else None
-    ln = (f32(q) - stats[0][:, None]) * stats[1][:, None]
-    if ln_weight is not None:
-        ln = ln * f32(ln_weight)
-    if ln_bias is not None:
-        ln = ln + f32(ln_bias)
-    return do.to(o.dtype), ln.to(q.dtype), drms_weight
-
-
-def fna_input_backward(dy, do, dln_attention, q, stats, ln_weight):
-    """(dq in ``q.dtype``, dln_weight, dln_bias fp32 [W]): the LayerNorm's backward of
-    ``dln = do + dln_attention``, plus the outer residual's ``dy``."""
-    dln = f32(do) + f32(dln_attention)
-    q_hat = (f32(q) - stats[0][:, None]) * stats[1][:, None]
-    g = dln if ln_weight is None else dln * f32(ln_weight)
-    dq = f32(dy) + layer_row_backward(g, q_hat, stats[1])
-    dln_weight = (dln * q_hat).sum(dim=0) if ln_weight is not None else None
-    return dq.to(q.dtype), dln_weight, dln.sum(dim=0)
-
-
-def norms_apart_backward(dy, q, k, v, o, stats, q_offsets, kv_offsets, ln_weight, ln_bias, rms_weight,
-                         max_seq_len_q, max_seq_len_kv, activation, qk_scale):
-    """(dq, dk, dv, the parameters' fp32 gradients [3, H, D]) as the backward ran before: an
-    inductor row pass, GDPA's dq and dk/dv kernels, a second inductor row pass (affine
-    parameters [H, D], all three given)."""
-    total, heads, dim = q.shape
-    width = heads * dim
-    flat = [t.reshape(width) for t in (ln_weight, ln_bias, rms_weight)]
-    do, ln, drms_weight = run_compiled(fna_output_backward, dy.reshape(total, width), o.reshape(total, width),
-                                       q.reshape(total, width), stats, *flat)
-    dln, dk, dv = attention._gdpa_backward_impl(ln.view(q.shape), k, v, do.view(q.shape), q_offsets, kv_offsets,
-                                                max_seq_len_q, max_seq_len_kv, activation, qk_scale)
-    dq, dln_weight, dln_bias = run_compiled(fna_input_backward, dy.reshape(total, width), do,
-                                            dln.reshape(total, width), q.reshape(total, width), stats, flat[0])
-    return dq.view(q.shape), dk, dv, torch.stack([dln_weight, dln_bias, drms_weight]).view(3, heads, dim)
-
-
-VARIANTS = {"fused": attention._fna_backward_impl, "apart": norms_apart_backward}
+VARIANTS = ("fused", "apart")
 
 
 def row_inputs(row: AttentionRow, device, seed: int = 0) -> tuple:
@@ -104,9 +56,8 @@ def row_inputs(row: AttentionRow, device, seed: int = 0) -> tuple:
             qk_scale)
 
 
-def run_variant(name: str, inputs: tuple) -> tuple:
-    fn = VARIANTS[name]
-    return fn(*inputs, True, True) if name == "fused" else fn(*inputs)
+def run_variant(name: str, inputs: tuple, need_params: bool = True) -> tuple:
+    return attention._fna_backward_impl(*inputs, need_params, True, name == "fused")
 
 
 def floor_bytes(inputs: tuple) -> int:

@@ -63,7 +63,8 @@ TECHNIQUES: tuple[Technique, ...] = (
         "gdpa_dkdv": ("SPEC_GDPA_DKDV", "attention",
                       "GDPA's backward, dk and dv (gdpa and flash_norm_attention backward)"),
         "flash_norm_attention_dq": ("SPEC_FNA_DQ", "attention",
-                                    "FlashNormAttention backward: both norms' backward fused into GDPA's dq")}),
+                                    "FlashNormAttention backward: both norms' backward fused into GDPA's dq "
+                                    "(run where tuned faster than the norms apart)")}),
 )
 
 

@@ -10,7 +10,8 @@ from numbers import Integral
 import torch
 
 from ... import checks, runtime
-from ...autograd import Op, filled, param_grad, records_grad
+from ...autograd import (Op, f32, filled, layer_row_backward, param_grad, records_grad, rms_row_backward,
+                         run_compiled)
 from ...limits import ACTIVATIONS, MAX_SEQ_LEN_KV
 
 _kernels = runtime.LazyModule(f"{__name__}.kernels")
@@ -120,16 +121,71 @@ def _setup_fna(ctx, inputs, output):
     ctx.mark_non_differentiable(o, stats)
 
 
+def _fna_output_backward(dy, o, q, stats, ln_weight, ln_bias, rms_weight):
+    """(do in ``o.dtype``, the recomputed ``ln`` in ``q.dtype``, drms_weight fp32 [W] or
+    None) from ``dy`` [T, W]: the RMSNorm's backward (parameters [W] or None)."""
+    dy32 = f32(dy)
+    rstd_o = stats[2]
+    o_hat = f32(o) * rstd_o[:, None]
+    g = dy32 if rms_weight is None else dy32 * f32(rms_weight)
+    do = rms_row_backward(g, o_hat, rstd_o)
+    drms_weight = (dy32 * o_hat).sum(dim=0) if rms_weight is not None else None
+    ln = (f32(q) - stats[0][:, None]) * stats[1][:, None]
+    if ln_weight is not None:
+        ln = ln * f32(ln_weight)
+    if ln_bias is not None:
+        ln = ln + f32(ln_bias)
+    return do.to(o.dtype), ln.to(q.dtype), drms_weight
+
+
+def _fna_input_backward(dy, do, dln_attention, q, stats, ln_weight):
+    """(dq in ``q.dtype``, dln_weight fp32 [W] or None, dln_bias fp32 [W]): the LayerNorm's
+    backward of ``dln = do + dln_attention``, plus the outer residual's ``dy``."""
+    dln = f32(do) + f32(dln_attention)
+    q_hat = (f32(q) - stats[0][:, None]) * stats[1][:, None]
+    g = dln if ln_weight is None else dln * f32(ln_weight)
+    dq = f32(dy) + layer_row_backward(g, q_hat, stats[1])
+    dln_weight = (dln * q_hat).sum(dim=0) if ln_weight is not None else None
+    return dq.to(q.dtype), dln_weight, dln.sum(dim=0)
+
+
+def _norms_apart_dq(q, k, v, dy, o, stats, q_offsets, kv_offsets, max_seq_len_q, ln_weight, ln_bias, rms_weight,
+                    qk_scale, act, need_params):
+    """What :data:`~.kernels.SPEC_FNA_DQ`'s kernel computes, with the norms apart: an inductor
+    row pass (RMSNorm backward, ``ln`` recomputed), GDPA's dq kernel, a second inductor row
+    pass (LayerNorm backward). Returns (dq, ln, do, the parameters' fp32 gradients [3, H, D]
+    or an empty tensor)."""
+    total, heads, dim = q.shape
+    flat = [None if t is None else t.reshape(heads * dim) for t in (ln_weight, ln_bias, rms_weight)]
+    rows = [t.reshape(total, heads * dim) for t in (dy, o, q)]
+    do, ln, drms_weight = run_compiled(_fna_output_backward, rows[0], rows[1], rows[2], stats, *flat)
+    ln, do = ln.view(q.shape), do.view(q.shape)
+    if k.shape[0] == 0:  # no keys: no attention path
+        dln = torch.zeros_like(ln)
+    else:
+        dln = runtime.launch(_kernels.SPEC_GDPA_DQ, (ln, k, v, do, q_offsets, kv_offsets, max_seq_len_q, qk_scale,
+                                                     act))
+    dq, dln_weight, dln_bias = run_compiled(_fna_input_backward, rows[0], do.view(total, -1),
+                                            dln.view(total, -1), rows[2], stats, flat[0])
+    if not need_params:
+        return dq.view(q.shape), ln, do, q.new_empty(0, dtype=torch.float32)
+    grads = [dln_bias.new_zeros(heads * dim) if g is None else g for g in (dln_weight, dln_bias, drms_weight)]
+    return dq.view(q.shape), ln, do, torch.stack(grads).view(3, heads, dim)
+
+
 def _fna_backward_impl(dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                      stats: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
-                      ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None,
-                      rms_weight: torch.Tensor | None, max_seq_len_q: int, max_seq_len_kv: int,
-                      activation: str, qk_scale: float, need_params: bool,
-                      need_kv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                       stats: torch.Tensor, q_offsets: torch.Tensor, kv_offsets: torch.Tensor,
+                       ln_weight: torch.Tensor | None, ln_bias: torch.Tensor | None,
+                       rms_weight: torch.Tensor | None, max_seq_len_q: int, max_seq_len_kv: int,
+                       activation: str, qk_scale: float, need_params: bool, need_kv: bool,
+                       fused: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, the three norm parameters' fp32 gradients [3, H, D] (LayerNorm weight,
-    bias, RMSNorm weight), or an empty tensor without ``need_params``): the fused norms-and-dq
-    kernel (registry ``flash_norm_attention_dq``), then, with ``need_kv``, GDPA's dk/dv kernel
-    (``gdpa_dkdv``) on the ``ln`` and ``do`` the first one wrote (else dk, dv are zeros)."""
+    bias, RMSNorm weight), or an empty tensor without ``need_params``).
+
+    dq and the norms: the fused norms-and-dq kernel (registry ``flash_norm_attention_dq``)
+    where tuning measured it faster than the norms apart for (H, D), else
+    :func:`_norms_apart_dq` (``fused`` True / False forces). Then, with ``need_kv``, GDPA's
+    dk/dv kernel (``gdpa_dkdv``) on the ``ln`` and ``do`` either wrote (else dk, dv are zeros)."""
     total, heads, dim = q.shape
     act = ACTIVATIONS.index(activation)
     if total == 0:
@@ -137,20 +193,22 @@ def _fna_backward_impl(dy: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
         return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), dparams
     dy, q, k, v, o = (t.contiguous() for t in (dy, q, k, v, o))
     params = [None if t is None else t.reshape(heads, dim).contiguous() for t in (ln_weight, ln_bias, rms_weight)]
-    dq, ln, do, partials = runtime.launch(_kernels.SPEC_FNA_DQ, (q, k, v, dy, o, stats, q_offsets, kv_offsets,
-                                                                 max_seq_len_q, *params, qk_scale, act,
-                                                                 int(need_params)))
+    args = (q, k, v, dy, o, stats, q_offsets, kv_offsets, max_seq_len_q, *params, qk_scale, act, int(need_params))
+    if runtime.decide(_kernels.SPEC_FNA_DQ, args, fused).fused:
+        dq, ln, do, partials = runtime.launch(_kernels.SPEC_FNA_DQ, args)
+        dparams = partials.sum(dim=1) if need_params else q.new_empty(0, dtype=torch.float32)
+    else:
+        dq, ln, do, dparams = _norms_apart_dq(*args)
     if need_kv and k.shape[0] > 0:
         dk, dv = runtime.launch(_kernels.SPEC_GDPA_DKDV, (ln, k, v, do, q_offsets, kv_offsets, max_seq_len_kv,
                                                           qk_scale, act))
     else:
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
-    dparams = partials.sum(dim=1) if need_params else q.new_empty(0, dtype=torch.float32)
     return dq, dk, dv, dparams
 
 
 def _fna_backward_fake(dy, q, k, v, o, stats, q_offsets, kv_offsets, ln_weight, ln_bias, rms_weight,
-                       max_seq_len_q, max_seq_len_kv, activation, qk_scale, need_params, need_kv):
+                       max_seq_len_q, max_seq_len_kv, activation, qk_scale, need_params, need_kv, fused=None):
     dparams = q.new_empty((3, q.shape[1], q.shape[2]) if need_params else (0,), dtype=torch.float32)
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dparams
 
@@ -159,8 +217,9 @@ _FNA_BACKWARD = Op("flash_norm_attention_backward", _fna_backward_impl, _fna_bac
 
 
 def _backward_fna(ctx, dy, *_):
-    """Both norms' backward fused into GDPA's dq kernel, then GDPA's dk/dv kernel
-    (:func:`_fna_backward_impl`); the scores are recomputed, never stored."""
+    """Both norms' backward around GDPA's dq loop (fused into its kernel where tuning measured
+    that faster), then GDPA's dk/dv kernel (:func:`_fna_backward_impl`); the scores are
+    recomputed, never stored."""
     if dy is None:
         return _FNA.input_grads()
     need = _FNA.named(ctx.needs_input_grad)
@@ -169,7 +228,7 @@ def _backward_fna(ctx, dy, *_):
     need_params = any(getattr(need, name) and p is not None for name, p in params.items())
     max_q, max_kv, activation, qk_scale = ctx.args
     dq, dk, dv, dparams = _FNA_BACKWARD(dy, q, k, v, o, stats, q_offsets, kv_offsets, *params.values(), max_q,
-                                        max_kv, activation, qk_scale, need_params, bool(need.k or need.v))
+                                        max_kv, activation, qk_scale, need_params, bool(need.k or need.v), None)
     grads = {name: param_grad(dparams[i] if need_params else None, p, getattr(need, name))
              for i, (name, p) in enumerate(params.items())}
     return _FNA.input_grads(q=dq, k=dk, v=dv, **grads)

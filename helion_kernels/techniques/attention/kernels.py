@@ -709,4 +709,4 @@ SPEC_FNA_DQ = KernelSpec(
     name="flash_norm_attention_dq", kernel=flash_norm_attention_dq_kernel, workload="attention",
     make_args=_fna_dq_args, key_of=key_of, reference=_fna_dq_ref, default_config=DEFAULT_CONFIG,
     seed_configs=_seeds(((32, 32, 4, 2), (64, 32, 4, 2), (64, 16, 4, 2), (128, 32, 8, 2), (64, 64, 4, 2))),
-    compare_outputs=_sum_slots, warn_default=False)
+    compare_outputs=_sum_slots, warn_default=False, dispatch_baseline="inductor_norms+gdpa_dq")
