@@ -61,6 +61,9 @@ def decisions(frame: pd.DataFrame, kernel: str) -> pd.DataFrame:
     spec = get_spec(kernel)
     if spec.dispatch_baseline is None:
         raise SystemExit(f"{kernel} has no dispatcher (its spec names no dispatch_baseline)")
+    if spec.workload != "gemm":
+        raise SystemExit(f"{kernel} is an {spec.workload} kernel: its dispatch record comes from tuning "
+                         f"(helion-kernels autotune --kernel {kernel} --workload ...), not from a benchmark table")
     fused = "fused_op_ms" if bench_spec(spec.name).dispatch_fused is not None else f"{kernel}_ms"
     default = spec.dispatch_baseline
     missing = {fused, f"{default}_ms", "M", "K", "N", "dtype"} - set(frame.columns)

@@ -418,7 +418,7 @@ BENCH_SPECS: dict[str, BenchSpec] = {
     "flash_norm_attention_dq": BenchSpec(
         "FlashNormAttention backward to dq: both norms' backward around GDPA's dq loop, one program per Q tile of "
         "all heads (reads q, dy, o; writes dq and the ln, do the dk/dv kernel reads)", _jagged_flops(3),
-        _jagged_bytes(6, 2), _fna_dq_baselines, ("inductor_norms+gdpa_dq", "default_config"),
+        _jagged_bytes(6, 2), _fna_dq_baselines, ("inductor_norms+gdpa_dq",),
         plot_relative_to="inductor_norms+gdpa_dq"),
 }
 

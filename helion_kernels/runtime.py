@@ -368,13 +368,15 @@ def decide(spec: KernelSpec, args: tuple, fused: bool | None = None, training: b
     writes what its backward needs, and follows the entry's training record where it has
     one (fused only where the forward decision is fused too). The unfused ``pipeline`` is
     the registry's in every case (Liger's norm only where it runs here and the entry is
-    near). Cached per spec, flags, shapes, dtype and device.
+    near). Cached per spec, flags, shapes ((H, D) for attention), dtype and device.
 
     Raises:
         ValueError: ``fused=True`` with N past the kernel's limit.
     """
     a, b = args[0], args[1]
-    key = (spec.name, fused, training, a.shape, b.shape, a.dtype, a.device)
+    # an attention call's decision depends on (H, D) and whether it has rows, not on its jagged total
+    sizes = (*spec.key_of(args), a.shape[0] == 0) if spec.workload == "attention" else (a.shape, b.shape)
+    key = (spec.name, fused, training, sizes, a.dtype, a.device)
     hit = _DECISIONS.get(key)
     if hit is None:
         hit = _store(_DECISIONS, key, _decide(spec, args, fused, training))
@@ -434,7 +436,8 @@ def registry_decision(spec: KernelSpec, found: registry.Lookup, key, training: b
     fused, pipeline = record.get("choice") == "fused", record.get("unfused")
     if pipeline is not None and pipeline != spec.dispatch_baseline and device is not None:
         near = registry.shape_distance(entry.shape, key) <= ALTERNATIVE_PIPELINE_REACH
-        if not (pipeline == liger_norm.PIPELINE and liger_norm.available(device, key.N) and near):
+        gemm = hasattr(key, "N")  # Liger's norm is a GEMM pipeline's alternative only
+        if not (pipeline == liger_norm.PIPELINE and gemm and liger_norm.available(device, key.N) and near):
             pipeline = spec.dispatch_baseline
             timed = record.get("unfused_timed_ms", {}).get(pipeline)
             if timed is not None:

@@ -103,6 +103,20 @@ def test_dispatch(decisions):
     runtime.clear_cache()
     assert runtime.decide(SPEC_FNA_DQ, args).fused
     assert not runtime.decide(SPEC_FNA_DQ, args, False).fused
+    # one decision per (H, D), whatever the jagged total of the step
+    shorter = (args[0][:7], *args[1:])
+    assert runtime.decide(SPEC_FNA_DQ, shorter) is runtime.decide(SPEC_FNA_DQ, args)
+
+
+def test_dispatch_ignores_a_gemm_pipeline_record(decisions):
+    """A hand-edited record naming Liger's norm (a GEMM pipeline) runs the norms apart."""
+    args = _args(torch.float32, "cpu", 0)
+    meta = {"latency_ms": 0.01, "dispatch": {"choice": "unfused", "fused_ms": 0.01, "unfused_ms": 0.02,
+                                             "unfused": "cublas+liger_norm"}}
+    registry.save_entry(SPEC_FNA_DQ.name, registry.gpu_key(torch.device("cpu")),
+                        registry.Entry(SPEC_FNA_DQ.key_of(args), "float32", SPEC_FNA_DQ.default_config, meta))
+    decision = runtime.decide(SPEC_FNA_DQ, args)
+    assert not decision.fused and decision.pipeline == SPEC_FNA_DQ.dispatch_baseline
 
 
 @pytest.mark.triton_interpret

@@ -315,3 +315,13 @@ def test_cuda_forward_and_every_gradient(op, shape, dtype, fused, device):
     _check(op, shape, dtype, device, fused)
     _check(op, shape, dtype, device, fused, offset=1e3)
 
+
+
+def test_backward_kernel_args_in_float64():
+    """The dgrad kernel's arguments for a float64 check: the row terms stay fp32 (the
+    operand's column sums in float64 do not leak into them)."""
+    from helion_kernels.spec import Shape
+    from helion_kernels.techniques.prenorm.kernels import SPEC_LAYERNORM_BACKWARD
+
+    args = SPEC_LAYERNORM_BACKWARD.make_args(Shape(8, 16, 8), torch.float64, "cpu", 0)
+    assert args[4].dtype == args[6].dtype == torch.float32  # s2, s1

@@ -454,7 +454,7 @@ def row_terms(dc: torch.Tensor, c: torch.Tensor, beta: torch.Tensor | None, cols
     ``colsum``: RMSNorm)."""
     dc32, c32 = dc.float(), c.float()
     s2 = (dc32 * (c32 if beta is None else c32 - beta)).sum(dim=1)
-    return s2, (None if colsum is None else dc32 @ colsum)
+    return s2, (None if colsum is None else dc32 @ colsum.to(dc32.dtype))
 
 
 def _make_args_dgrad(shape: Shape, dtype: torch.dtype, device, seed: int | None) -> tuple:
