@@ -436,8 +436,8 @@ def registry_decision(spec: KernelSpec, found: registry.Lookup, key, training: b
     fused, pipeline = record.get("choice") == "fused", record.get("unfused")
     if pipeline is not None and pipeline != spec.dispatch_baseline and device is not None:
         near = registry.shape_distance(entry.shape, key) <= ALTERNATIVE_PIPELINE_REACH
-        gemm = hasattr(key, "N")  # Liger's norm is a GEMM pipeline's alternative only
-        if not (pipeline == liger_norm.PIPELINE and gemm and liger_norm.available(device, key.N) and near):
+        liger = pipeline == liger_norm.PIPELINE and spec.workload == "gemm"  # a GEMM pipeline's alternative only
+        if not (liger and liger_norm.available(device, key.N) and near):
             pipeline = spec.dispatch_baseline
             timed = record.get("unfused_timed_ms", {}).get(pipeline)
             if timed is not None:
