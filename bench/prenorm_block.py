@@ -27,6 +27,7 @@ same for every column of a row; ``--repeats N``: the columns in order, then reve
 
     python bench/prenorm_block.py [--norm rmsnorm|layernorm] [--mode forward|training]
         [--workload prenorm_rmsnorm] [--where 'M == 65536'] [--timer plain] [--repeats 3] [--out DIR]
+    python bench/prenorm_block.py --profile ...   # torch.profiler of op, op_fused, compiled_block; prints
 
 Writes ``bench/results/<gpu>/prenorm_block_<norm>_<workload>.{csv,md,png}`` (a re-run replaces
 the rows of its mode, M, K, N and timer).
@@ -111,8 +112,8 @@ def _rel_error(norm: str, fn, args: list, grads) -> float:
     return worst
 
 
-def bench_row(norm: str, m: int, k: int, n: int, mode: str, timer: str = "graph", repeats: int = 1,
-              device: str = "cuda") -> dict:
+def row_steps(norm: str, m: int, k: int, n: int, mode: str, device: str = "cuda"):
+    """(steps, args, grads): every column's step on one row's fresh inputs."""
     torch._dynamo.reset()  # one fresh torch.compile per row
     dev, train = torch.device(device), mode == "training"
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -151,6 +152,13 @@ def bench_row(norm: str, m: int, k: int, n: int, mode: str, timer: str = "graph"
     xs, ws = x.detach(), w.detach()
     dy = grads[0] if train else None  # training: the forward, dgrad and wgrad GEMMs
     steps["cublas_mm"] = (lambda: (xs @ ws.t(), dy @ ws, dy.t() @ xs)) if train else (lambda: xs @ ws.t())
+    return steps, args, grads
+
+
+def bench_row(norm: str, m: int, k: int, n: int, mode: str, timer: str = "graph", repeats: int = 1,
+              device: str = "cuda") -> dict:
+    steps, args, grads = row_steps(norm, m, k, n, mode, device)
+    xs, ws = args[0].detach(), args[2].detach()
     from helion_kernels.techniques.prenorm import kernels as prenorm
 
     spec = prenorm.SPEC_GIVEN_RSTD if norm == "rmsnorm" else prenorm.SPEC_LAYERNORM_GIVEN
@@ -206,10 +214,22 @@ def main() -> int:
         p.set_defaults(timer="graph")
         p.add_argument("--repeats", type=positive_int, default=1,
                        help="repeats, each timing the columns in order, then reversed; the medians (default 1)")
+        p.add_argument("--profile", action="store_true",
+                       help="instead of timing: torch.profiler of the op and the compiled block on each row "
+                            "(host time per step, GPU kernels), printed, nothing written")
 
     args, table = workload_script_args(__doc__.splitlines()[0], arguments, default_workload="prenorm_rmsnorm")
     warnings.simplefilter("ignore", registry.ConfigFallbackWarning)
     device = torch.device("cuda")
+    if args.profile:
+        from profile_training_step import profile  # the training bench's profiler
+
+        for r in table.itertuples():
+            for mode in [args.mode] if args.mode else MODES:
+                steps = row_steps(args.norm, int(r.M), int(r.K), int(r.N), mode)[0]
+                for name in ("op", "op_fused", "compiled_block"):
+                    profile(f"{name} {args.norm} {mode} {r.M}x{r.K}x{r.N}", steps[name])
+        return 0
     ceilings = device_ceilings(device)
     rows = []
     for r in table.itertuples():
