@@ -65,10 +65,10 @@ def _cases(hk, torch, device: str = "cpu"):
          lambda: hk.layernorm_matmul(a, b, w64, bias64, mean=mean, rstd=rstd),
          lambda: ops.layernorm_matmul_given_stats(a, b, None, mean, rstd, None)),
         ("add_rmsnorm_matmul", "rmsnorm_matmul_given_rstd", gemm, lambda: hk.add_rmsnorm_matmul(a, r, b, w64),
-         lambda: ops.add_norm_matmul(a, r, b, None, 1e-5, 0, None)),
+         lambda: ops.add_norm_matmul(a, r, b, w64, None, 1e-5, 0, None)),
         ("add_layernorm_matmul", "layernorm_matmul_given_stats", gemm,
          lambda: hk.add_layernorm_matmul(a, r, b, w64, bias64),
-         lambda: ops.add_norm_matmul(a, r, b, None, 1e-5, 1, None)),
+         lambda: ops.add_norm_matmul(a, r, b, w64, bias64, 1e-5, 1, None)),
     ] if hasattr(hk, "add_layernorm_matmul") else []
     return prenorm + [
         ("matmul", "matmul", gemm, lambda: hk.matmul(a, b), lambda: ops.matmul(a, b)),

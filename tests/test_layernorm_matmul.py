@@ -244,7 +244,8 @@ def test_opcheck(device):
     beta = layernorm.folded_bias(bias, w)
     mean, rstd = layer_stats(x, EPS)
     cases = [(layernorm._OP, (x, w, beta, EPS, None)), (layernorm._GIVEN, (x, w, beta, mean, rstd, None)),
-             (residual._OP, (x, r, w, beta, EPS, 1, None)), (residual._OP, (x, r, w, None, EPS, 0, False))]
+             (residual._OP, (x, r, w, weight, bias, EPS, 1, None)), (residual._OP, (x, r, w, None, None, EPS, 1, True)),
+             (residual._OP, (x, r, w, weight, None, EPS, 0, False)), (residual._OP, (x, r, w, weight, None, EPS, 0, True))]
     for op, args in cases:
         args = tuple(t.detach().requires_grad_() if isinstance(t, torch.Tensor) and t.is_floating_point()
                      and t.dim() > 0 else t for t in args)

@@ -5,8 +5,14 @@ rows' fp32 statistics, 8 bytes a row; the GEMM then applies them in its epilogue
 given-statistics kernels of :mod:`.kernels`), so the normalised ``h`` is never written. The
 pass is inductor-compiled (an elementwise add and two row reductions: what inductor already
 emits at memory speed for ``torch.compile`` of the block), not a Helion kernel. Unfused, the
-same pass also writes the normalised ``h`` and cuBLAS multiplies it: what ``torch.compile``
+same pass also writes the norm's output and cuBLAS multiplies it: what ``torch.compile``
 makes of add -> norm -> linear.
+
+The norm's affine parameters enter the op as they are: the fused kernels get them folded
+(the weight into ``b``, the bias as ``bias @ b``), while the unfused paths apply them to the
+norm's output, so the backward is the compiled block's (cuBLAS dgrad on the raw ``b``, one
+pass for the norm, the add and the parameters' column sums, cuBLAS wgrad) with no extra pass
+over the output gradient for a folded bias.
 """
 
 from __future__ import annotations
@@ -14,10 +20,11 @@ from __future__ import annotations
 import torch
 
 from ... import checks, runtime
-from ...autograd import (Op, col_sums, colsum_for, empty_like_layout, f32, gemm_operand, layer_row_backward,
-                         layer_stats, layer_x_hat, rms_row_backward, rms_rstd, rms_x_hat, run_compiled, wgrad)
+from ...autograd import (Op, col_sums, colsum_for, column_major, empty_like_layout, f32, gemm_operand,
+                         layer_row_backward, layer_stats, mm_fp32, param_grad, rms_row_backward, rms_rstd, run_compiled,
+                         wgrad)
 from . import LAYERNORM, _kernels, fold_rmsnorm_weight
-from .layernorm import _plus_beta, folded_bias
+from .layernorm import folded_bias
 
 
 def _add_stats(x: torch.Tensor, residual: torch.Tensor, eps: float, layernorm: int):
@@ -28,32 +35,51 @@ def _add_stats(x: torch.Tensor, residual: torch.Tensor, eps: float, layernorm: i
     return h, h.new_empty(0, dtype=torch.float32), rms_rstd(h, eps)
 
 
-def _add_norm(x: torch.Tensor, residual: torch.Tensor, eps: float, layernorm: int):
-    """(h, x_hat, mean, rstd): the producer pass that also writes the normalised ``h``."""
+def _affine(x_hat32: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, dtype: torch.dtype):
+    """``x_hat * weight + bias`` (each optional) rounded once to ``dtype``: the norm's output."""
+    out = x_hat32 if weight is None else x_hat32 * f32(weight)
+    return (out if bias is None else out + f32(bias)).to(dtype)
+
+
+def _x_hat32(h: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, layernorm: int) -> torch.Tensor:
+    return ((f32(h) - mean[:, None]) if layernorm else f32(h)) * rstd[:, None]
+
+
+def _add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+              eps: float, layernorm: int):
+    """(h, normed, mean, rstd): the producer pass that also writes the norm's output (affine
+    applied), the cuBLAS GEMM's operand: what inductor makes of the block's add and norm."""
     h, mean, rstd = _add_stats(x, residual, eps, layernorm)
-    return h, (layer_x_hat(h, mean, rstd) if layernorm else rms_x_hat(h, rstd)), mean, rstd
+    return h, _affine(_x_hat32(h, mean, rstd, layernorm), weight, bias, h.dtype), mean, rstd
 
 
 def _spec(layernorm: int):
     return _kernels.SPEC_LAYERNORM_GIVEN if layernorm else _kernels.SPEC_GIVEN_RSTD
 
 
-def _add_norm_matmul(x: torch.Tensor, residual: torch.Tensor, b: torch.Tensor, beta: torch.Tensor | None,
-                     eps: float, layernorm: int, fused: bool | None
+def _folded(b: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None):
+    """(b', beta) of the fused kernels: the weight folded into ``b``, the bias as ``bias @ b``."""
+    return (b if weight is None else fold_rmsnorm_weight(weight, b)), folded_bias(bias, b)
+
+
+def _add_norm_matmul(x: torch.Tensor, residual: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None,
+                     bias: torch.Tensor | None, eps: float, layernorm: int, fused: bool | None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, h, mean, rstd, x_hat): ``x_hat`` the unfused path's normalised ``h`` (kept for the
+    """(y, h, mean, rstd, normed): ``normed`` the unfused path's norm output (kept for the
     wgrad), [0, K] after the fused GEMM; ``mean`` [0] for RMSNorm."""
     b = gemm_operand(b)
     spec = _spec(layernorm)
     if runtime.decide(spec, (x, b), fused).fused:
         h, mean, rstd = run_compiled(_add_stats, x.contiguous(), residual.contiguous(), eps, layernorm)
-        stats = (rstd, mean, colsum_for(b), beta) if layernorm else (rstd,)
-        return runtime.launch(spec, (h, b, *stats)), h, mean, rstd, h.new_empty(0, h.shape[1])
-    h, x_hat, mean, rstd = run_compiled(_add_norm, x.contiguous(), residual.contiguous(), eps, layernorm)
-    return _plus_beta(x_hat, b, beta), h, mean, rstd, x_hat
+        b_folded, beta = _folded(b, weight, bias)
+        stats = (rstd, mean, colsum_for(b_folded), beta) if layernorm else (rstd,)
+        return runtime.launch(spec, (h, b_folded, *stats)), h, mean, rstd, h.new_empty(0, h.shape[1])
+    h, normed, mean, rstd = run_compiled(_add_norm, x.contiguous(), residual.contiguous(), weight, bias, eps,
+                                         layernorm)
+    return torch.mm(normed, b), h, mean, rstd, normed
 
 
-def _add_norm_matmul_fake(x, residual, b, beta, eps, layernorm, fused):
+def _add_norm_matmul_fake(x, residual, b, weight, bias, eps, layernorm, fused):
     if all(isinstance(size, int) for size in (*x.shape, b.shape[1])):
         rows = 0 if runtime.decide(_spec(layernorm), (x, b), fused).fused else x.shape[0]
     else:
@@ -63,87 +89,121 @@ def _add_norm_matmul_fake(x, residual, b, beta, eps, layernorm, fused):
             x.new_empty(m, dtype=torch.float32), x.new_empty(rows, x.shape[1]))
 
 
-def _norm_backward(dx_hat: torch.Tensor, h: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
-                   dh: torch.Tensor | None, layernorm: int, write_x_hat: bool):
-    """(dH, x_hat or None) in ``h.dtype`` from ``dx_hat = dy @ b^T``: the norm's backward over
-    whole rows plus the gradient reaching ``h`` itself, one pass (as inductor fuses the block's)."""
-    x32 = f32(h) - mean[:, None] if layernorm else f32(h)
-    x_hat = x32 * rstd[:, None]
-    dn = (layer_row_backward if layernorm else rms_row_backward)(f32(dx_hat), x_hat, rstd)
-    if dh is not None:
-        dn = dn + f32(dh)
-    return dn.to(h.dtype), (x_hat.to(h.dtype) if write_x_hat else None)
-
-
-def _x_hat(h: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, layernorm: int) -> torch.Tensor:
-    return layer_x_hat(h, mean, rstd) if layernorm else rms_x_hat(h, rstd)
-
-
-def _grads(h: torch.Tensor, b: torch.Tensor, beta: torch.Tensor | None, mean: torch.Tensor, rstd: torch.Tensor,
-           x_hat: torch.Tensor, y: torch.Tensor, dy: torch.Tensor, dh: torch.Tensor | None, layernorm: int,
-           fused: bool | None, need_h: bool, need_b: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dH, dB) of ``y = norm(h) @ b + beta`` with ``h`` also an output; [0] where not needed.
-
-    dH is the norm's backward plus the gradient reaching ``h`` itself. Fused, where
-    :func:`~helion_kernels.runtime.decide` says so for the backward kernel and the forward did
-    not keep ``x_hat``: the dgrad GEMM with the norm in its epilogue (``layernorm_matmul_backward``
-    / ``rmsnorm_matmul_backward``), then the add. Unfused: the cuBLAS dgrad, then one compiled
-    pass for the norm's backward and the add (writing ``x_hat`` for the wgrad where it is needed
-    and was not kept). dB: the cuBLAS wgrad on ``x_hat``."""
-    h, dy = h.contiguous(), dy.contiguous()
-    kept = x_hat.shape[0] > 0
-    dn = db = None
+def _norm_backward(g: torch.Tensor, h: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,
+                   weight: torch.Tensor | None, bias: torch.Tensor | None, dh: torch.Tensor | None, layernorm: int,
+                   need_h: bool, write_normed: bool, need_weight: bool, need_bias: bool):
+    """(dH, normed, dWeight, dBias), each None where not asked for, from ``g = dy @ b^T``: the
+    norm's backward over whole rows plus the gradient reaching ``h`` itself, and the affine
+    parameters' column sums, in one compiled pass (inductor fuses the row and the column
+    reductions, as it does for the block's own backward)."""
+    x_hat = _x_hat32(h, mean, rstd, layernorm)
+    g32 = f32(g)
+    dn = None
     if need_h:
-        spec = _kernels.SPEC_LAYERNORM_BACKWARD if layernorm else _kernels.SPEC_BACKWARD
-        if not kept and runtime.decide(spec, (h, b), fused).fused:
-            if layernorm:
-                s2, s1 = run_compiled(_kernels.row_terms, dy, y, beta, col_sums(b))
-                dn, x_hat = runtime.launch(spec, (h, b, dy, rstd, s2, mean, s1))
-            else:
-                dn, x_hat = runtime.launch(spec, (h, b, dy, rstd))
-            if dh is not None:
-                dn = dn + dh
-        else:
-            dn, fresh = run_compiled(_norm_backward, torch.mm(dy, b.t()), h, mean, rstd, dh, layernorm,
-                                     need_b and not kept)
-            x_hat = x_hat if fresh is None else fresh
+        dx_hat = g32 if weight is None else g32 * f32(weight)
+        dn = (layer_row_backward if layernorm else rms_row_backward)(dx_hat, x_hat, rstd)
+        dn = (dn if dh is None else dn + f32(dh)).to(h.dtype)
+    return (dn, _affine(x_hat, weight, bias, h.dtype) if write_normed else None,
+            (g32 * x_hat).sum(dim=0) if need_weight else None, g32.sum(dim=0) if need_bias else None)
+
+
+def _fused_dgrad(h, b, weight, bias, mean, rstd, y, dy, dh, layernorm):
+    """(dH, x_hat): the dgrad GEMM with the norm's backward in its epilogue, on the folded ``b``."""
+    b_folded, beta = _folded(b, weight, bias)
+    spec = _kernels.SPEC_LAYERNORM_BACKWARD if layernorm else _kernels.SPEC_BACKWARD
+    if layernorm:
+        s2, s1 = run_compiled(_kernels.row_terms, dy, y, beta, col_sums(b_folded))
+        dn, x_hat = runtime.launch(spec, (h, b_folded, dy, rstd, s2, mean, s1))
+    else:
+        dn, x_hat = runtime.launch(spec, (h, b_folded, dy, rstd))
+    return (dn if dh is None else dn + dh), x_hat
+
+
+def _unfold_param_grads(x_hat, dy, b, weight, bias, need_b, need_weight, need_bias):
+    """(dB, dWeight, dBias) from ``x_hat`` (no affine) after the fused dgrad, which leaves no
+    ``dy @ b^T``: through ``D = x_hat^T @ dy`` (fp32), ``dB = weight * D + bias (x) colsum(dy)``,
+    ``dWeight = rowsum(D * b)``, ``dBias = b @ colsum(dy)``."""
+    d = mm_fp32(dy.t(), x_hat).t() if column_major(b) else mm_fp32(x_hat.t(), dy)  # laid out as b
+    dcol = col_sums(dy) if bias is not None and (need_b or need_bias) else None
+    db = dw = dbias = None
     if need_b:
-        db = wgrad(x_hat if x_hat.shape[0] else run_compiled(_x_hat, h, mean, rstd, layernorm), dy, b)
-    return (h.new_empty(0) if dn is None else dn), (b.new_empty(0) if db is None else db)
+        db = d if weight is None else d * f32(weight)[:, None]
+        db = (db if dcol is None else db + f32(bias)[:, None] * dcol).to(b.dtype)
+    if need_weight:
+        dw = (d * f32(b)).sum(dim=1)
+    if need_bias:
+        dbias = f32(b) @ dcol
+    return db, dw, dbias
 
 
-def _grads_fake(h, b, beta, mean, rstd, x_hat, y, dy, dh, layernorm, fused, need_h, need_b):
+def _grads(h: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+           mean: torch.Tensor, rstd: torch.Tensor, normed: torch.Tensor, y: torch.Tensor, dy: torch.Tensor,
+           dh: torch.Tensor | None, layernorm: int, fused: bool | None, need_h: bool, need_b: bool,
+           need_weight: bool, need_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dH, dB, dWeight, dBias) of ``y = norm(h, weight, bias) @ b`` with ``h`` also an output;
+    [0] where not needed; the parameters' gradients fp32.
+
+    Unfused (the default; also whenever the forward kept ``normed``): the cuBLAS dgrad on the
+    raw ``b``, one compiled pass for the norm's backward, the add and the parameters' sums
+    (writing ``normed`` where the wgrad needs it and the forward did not keep it), the cuBLAS
+    wgrad on ``normed``: the compiled block's own backward. Fused, where
+    :func:`~helion_kernels.runtime.decide` says so for the backward kernel and the forward
+    kept nothing: the dgrad GEMM with the norm in its epilogue (``layernorm_matmul_backward`` /
+    ``rmsnorm_matmul_backward``) on the folded ``b``, then the add; the parameters'
+    gradients from ``x_hat^T @ dy``."""
+    h, dy = h.contiguous(), dy.contiguous()
+    kept = normed.shape[0] > 0
+    spec = _kernels.SPEC_LAYERNORM_BACKWARD if layernorm else _kernels.SPEC_BACKWARD
+    need_weight, need_bias = need_weight and weight is not None, need_bias and bias is not None
+    dn = db = dw = dbias = None
+    if need_h and not kept and runtime.decide(spec, (h, b), fused).fused:
+        dn, x_hat = _fused_dgrad(h, b, weight, bias, mean, rstd, y, dy, dh, layernorm)
+        db, dw, dbias = _unfold_param_grads(x_hat, dy, b, weight, bias, need_b, need_weight, need_bias)
+    else:
+        if need_h or need_weight or need_bias or (need_b and not kept):
+            dn, fresh, dw, dbias = run_compiled(_norm_backward, torch.mm(dy, b.t()), h, mean, rstd, weight, bias, dh,
+                                                layernorm, need_h, need_b and not kept, need_weight, need_bias)
+            normed = normed if fresh is None else fresh
+        if need_b:
+            db = wgrad(normed, dy, b)
+    empty = h.new_empty(0, dtype=torch.float32)
+    return (h.new_empty(0) if dn is None else dn), (b.new_empty(0) if db is None else db), \
+        (empty if dw is None else dw), (empty if dbias is None else dbias)
+
+
+def _grads_fake(h, b, weight, bias, mean, rstd, normed, y, dy, dh, layernorm, fused, need_h, need_b, need_weight,
+                need_bias):
+    k = h.shape[1]
     return (h.new_empty(h.shape) if need_h else h.new_empty(0),
-            empty_like_layout(b) if need_b else b.new_empty(0))
+            empty_like_layout(b) if need_b else b.new_empty(0),
+            h.new_empty(k if need_weight and weight is not None else 0, dtype=torch.float32),
+            h.new_empty(k if need_bias and bias is not None else 0, dtype=torch.float32))
 
 
 _GRADS = Op("add_norm_matmul_grads", _grads, _grads_fake)
 
 
 def _setup_context(ctx, inputs, output):
-    x, residual, b, beta, _, layernorm, fused = inputs
-    y, h, mean, rstd, x_hat = output
+    x, residual, b, weight, bias, _, layernorm, fused = inputs
+    y, h, mean, rstd, normed = output
     ctx.set_materialize_grads(False)
-    x_hat = x_hat if ctx.needs_input_grad[2] else x_hat.new_empty(0, x.shape[1])  # only the wgrad reads it
-    ctx.save_for_backward(h, b, beta, mean, rstd, x_hat, y)
+    normed = normed if ctx.needs_input_grad[2] else normed.new_empty(0, x.shape[1])  # only the wgrad reads it
+    ctx.save_for_backward(h, b, weight, bias, mean, rstd, normed, y)
     ctx.layernorm, ctx.fused = layernorm, fused
-    ctx.mark_non_differentiable(mean, rstd, x_hat)
+    ctx.mark_non_differentiable(mean, rstd, normed)
 
 
-def _backward(ctx, dy, dh, _dmean, _drstd, _dx_hat):
+def _backward(ctx, dy, dh, _dmean, _drstd, _dnormed):
     need = _OP.named(ctx.needs_input_grad)
-    h, b, beta, mean, rstd, x_hat, y = ctx.saved_tensors
-    dh_total = db = None
-    if dy is not None:
-        need_h = need.x or need.residual
-        dh_total, db = _GRADS(h, b, beta, mean, rstd, x_hat, y, dy, dh, ctx.layernorm, ctx.fused, need_h, need.b)
-        dh_total = dh_total if need_h else None
-        db = db if need.b else None
-    elif dh is not None:
-        dh_total = dh
-    dbeta = col_sums(dy) if dy is not None and need.beta else None
-    return _OP.input_grads(x=dh_total if need.x else None, residual=dh_total if need.residual else None,
-                           b=db, beta=dbeta)
+    h, b, weight, bias, mean, rstd, normed, y = ctx.saved_tensors
+    need_h = need.x or need.residual
+    if dy is None:
+        return _OP.input_grads(x=dh if need.x else None, residual=dh if need.residual else None)
+    dn, db, dw, dbias = _GRADS(h, b, weight, bias, mean, rstd, normed, y, dy, dh, ctx.layernorm, ctx.fused, need_h,
+                               need.b, need.weight, need.bias)
+    return _OP.input_grads(x=dn if need.x else None, residual=dn if need.residual else None,
+                           b=db if need.b else None, weight=param_grad(dw, weight, need.weight),
+                           bias=param_grad(dbias, bias, need.bias))
 
 
 _OP = Op("add_norm_matmul", _add_norm_matmul, _add_norm_matmul_fake, backward=_backward,
@@ -194,9 +254,7 @@ def add_rmsnorm_matmul(x: torch.Tensor, residual: torch.Tensor, b: torch.Tensor,
             shape [K], negative eps, CPU tensors outside interpret modes, tensors on different devices.
     """
     eps = _checked("add_rmsnorm_matmul", x, residual, b, eps, fused, weight=weight)
-    if weight is not None:
-        b = fold_rmsnorm_weight(weight, b)
-    y, h, *_ = _OP(x, residual, b, None, eps, 0, fused)
+    y, h, *_ = _OP(x, residual, b, weight, None, eps, 0, fused)
     return y, h
 
 
@@ -219,8 +277,5 @@ def add_layernorm_matmul(x: torch.Tensor, residual: torch.Tensor, b: torch.Tenso
         As :func:`add_rmsnorm_matmul`.
     """
     eps = _checked("add_layernorm_matmul", x, residual, b, eps, fused, weight=weight, bias=bias)
-    beta = folded_bias(bias, b)
-    if weight is not None:
-        b = fold_rmsnorm_weight(weight, b)
-    y, h, *_ = _OP(x, residual, b, beta, eps, LAYERNORM, fused)
+    y, h, *_ = _OP(x, residual, b, weight, bias, eps, LAYERNORM, fused)
     return y, h
