@@ -118,6 +118,36 @@ def test_rows_far_from_zero_mean(op, dtype, fused, device):
 
 
 @pytest.mark.ref_mode
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("op", OPS)
+def test_fused_forward_then_unfused_backward(op, dtype, device, monkeypatch):
+    """The path a GPU dispatches today: the fused forward (nothing normalised kept), then the
+    unfused backward, which writes the norm's output for the wgrad itself."""
+    real = runtime.decide
+    backward = (K.SPEC_LAYERNORM_BACKWARD, K.SPEC_BACKWARD)
+    monkeypatch.setattr(runtime, "decide", lambda spec, args, fused=None, training=False:
+                        real(spec, args, False if spec in backward else fused, training))
+    _check(op, Shape(33, 200, 72), dtype, device, None)
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("fused", [None, False], ids=["kernel", "unfused"])
+@pytest.mark.parametrize("op", ["add_rmsnorm", "add_layernorm"])
+def test_only_parameters_need_gradients(op, fused, device):
+    """x and residual frozen: b's, the weight's and the bias's gradients alone, against float64."""
+    x, r, w, weight, bias, dy, dh = _inputs(Shape(17, 96, 40), torch.float32, device, 13)
+    bias = None if op == "add_rmsnorm" else bias
+    params = [t if t is None else t.detach().requires_grad_() for t in (w, weight, bias)]
+    y, h = _run(op, x, r, *params, fused)
+    (y * dy).sum().backward()
+    ref = [t if t is None else t.detach().double().requires_grad_() for t in (w, weight, bias)]
+    ref_y, _ = _reference(op, x.double(), r.double(), *ref, dtype=torch.float32)
+    (ref_y * dy.double()).sum().backward()
+    used = [i for i, t in enumerate(params) if t is not None]
+    check_outputs([params[i].grad for i in used], [ref[i].grad for i in used], torch.float32)
+
+
+@pytest.mark.ref_mode
 @pytest.mark.parametrize("op", OPS)
 def test_zero_rows(op, device):
     """A row of zeros normalises to zeros (rstd = 1/sqrt(eps)); its gradients stay finite."""
