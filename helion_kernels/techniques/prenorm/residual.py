@@ -9,10 +9,11 @@ same pass also writes the norm's output and cuBLAS multiplies it: what ``torch.c
 makes of add -> norm -> linear.
 
 The norm's affine parameters enter the op as they are: the fused kernels get them folded
-(the weight into ``b``, the bias as ``bias @ b``), while the unfused paths apply them to the
-norm's output, so the backward is the compiled block's (cuBLAS dgrad on the raw ``b``, one
-pass for the norm, the add and the parameters' column sums, cuBLAS wgrad) with no extra pass
-over the output gradient for a folded bias.
+(the weight into ``b``, the bias as ``bias @ b``). Unfused, LayerNorm applies them to the
+norm's output, so its backward is the compiled block's (cuBLAS dgrad on the raw ``b``, one
+pass for the norm, the add and the parameters' column sums, cuBLAS wgrad), with no extra
+pass over the output gradient for a folded bias; RMSNorm keeps its weight folded (see
+:func:`_grads`).
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def _folded(b: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | N
 def _add_norm_matmul(x: torch.Tensor, residual: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None,
                      bias: torch.Tensor | None, eps: float, layernorm: int, fused: bool | None
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(y, h, mean, rstd, normed): ``normed`` the unfused path's norm output (kept for the
-    wgrad), [0, K] after the fused GEMM; ``mean`` [0] for RMSNorm."""
+    """(y, h, mean, rstd, normed): ``normed`` the unfused path's cuBLAS operand (kept for the
+    wgrad): LayerNorm's output, or RMSNorm's ``x_hat`` (its weight folded into ``b``); [0, K]
+    after the fused GEMM; ``mean`` [0] for RMSNorm."""
     b = gemm_operand(b)
     spec = _spec(layernorm)
     if runtime.decide(spec, (x, b), fused).fused:
@@ -74,9 +76,11 @@ def _add_norm_matmul(x: torch.Tensor, residual: torch.Tensor, b: torch.Tensor, w
         b_folded, beta = _folded(b, weight, bias)
         stats = (rstd, mean, colsum_for(b_folded), beta) if layernorm else (rstd,)
         return runtime.launch(spec, (h, b_folded, *stats)), h, mean, rstd, h.new_empty(0, h.shape[1])
-    h, normed, mean, rstd = run_compiled(_add_norm, x.contiguous(), residual.contiguous(), weight, bias, eps,
-                                         layernorm)
-    return torch.mm(normed, b), h, mean, rstd, normed
+    if layernorm:
+        h, normed, mean, rstd = run_compiled(_add_norm, x.contiguous(), residual.contiguous(), weight, bias, eps, 1)
+        return torch.mm(normed, b), h, mean, rstd, normed
+    h, normed, mean, rstd = run_compiled(_add_norm, x.contiguous(), residual.contiguous(), None, None, eps, 0)
+    return torch.mm(normed, _folded(b, weight, None)[0]), h, mean, rstd, normed
 
 
 def _add_norm_matmul_fake(x, residual, b, weight, bias, eps, layernorm, fused):
@@ -143,10 +147,14 @@ def _grads(h: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None, bias: 
     """(dH, dB, dWeight, dBias) of ``y = norm(h, weight, bias) @ b`` with ``h`` also an output;
     [0] where not needed; the parameters' gradients fp32.
 
-    Unfused (the default; also whenever the forward kept ``normed``): the cuBLAS dgrad on the
-    raw ``b``, one compiled pass for the norm's backward, the add and the parameters' sums
-    (writing ``normed`` where the wgrad needs it and the forward did not keep it), the cuBLAS
-    wgrad on ``normed``: the compiled block's own backward. Fused, where
+    Unfused (the default; also whenever the forward kept ``normed``): the cuBLAS dgrad, one
+    compiled pass for the norm's backward and the add (writing ``normed`` where the wgrad needs
+    it and the forward did not keep it), the cuBLAS wgrad. LayerNorm: the dgrad on the raw
+    ``b``, the parameters' column sums in the pass, the wgrad on the norm's output: the
+    compiled block's own backward, with no pass over ``dy`` for the bias. RMSNorm: ``normed``
+    is ``x_hat`` (no affine) and the GEMMs use the folded ``b``; the weight's gradient comes
+    from ``x_hat^T @ dy`` [K, N], cheaper than column sums in the pass (H100, 65536 rows,
+    ``bench/NOTES.md``). Fused, where
     :func:`~helion_kernels.runtime.decide` says so for the backward kernel and the forward
     kept nothing: the dgrad GEMM with the norm in its epilogue (``layernorm_matmul_backward`` /
     ``rmsnorm_matmul_backward``) on the folded ``b``, then the add; the parameters'
@@ -159,13 +167,21 @@ def _grads(h: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None, bias: 
     if need_h and not kept and runtime.decide(spec, (h, b), fused).fused:
         dn, x_hat = _fused_dgrad(h, b, weight, bias, mean, rstd, y, dy, dh, layernorm)
         db, dw, dbias = _unfold_param_grads(x_hat, dy, b, weight, bias, need_b, need_weight, need_bias)
-    else:
+    elif layernorm:  # the compiled block's backward: the affine parameters' sums in the pass
         if need_h or need_weight or need_bias or (need_b and not kept):
             dn, fresh, dw, dbias = run_compiled(_norm_backward, torch.mm(dy, b.t()), h, mean, rstd, weight, bias, dh,
-                                                layernorm, need_h, need_b and not kept, need_weight, need_bias)
+                                                1, need_h, need_b and not kept, need_weight, need_bias)
             normed = normed if fresh is None else fresh
         if need_b:
             db = wgrad(normed, dy, b)
+    else:  # RMSNorm: the dgrad on the folded b, the weight's gradient from x_hat^T @ dy
+        write = (need_b or need_weight) and not kept
+        if need_h or write:
+            dn, fresh, _, _ = run_compiled(_norm_backward, torch.mm(dy, _folded(b, weight, None)[0].t()), h, mean,
+                                           rstd, None, None, dh, 0, need_h, write, False, False)
+            normed = normed if fresh is None else fresh
+        if need_b or need_weight:
+            db, dw, _ = _unfold_param_grads(normed, dy, b, weight, None, need_b, need_weight, False)
     empty = h.new_empty(0, dtype=torch.float32)
     return (h.new_empty(0) if dn is None else dn), (b.new_empty(0) if db is None else db), \
         (empty if dw is None else dw), (empty if dbias is None else dbias)
