@@ -32,7 +32,8 @@ class Headline:
     """One line of the README: ``text`` with ``{name}`` fields filled by ``ranges`` (name -> a
     column, a pandas ``eval`` expression, or (either, a row query)), each the min-max over the
     rows of ``tables`` selected by ``where``; ``baseline``: what the compared pipeline ran;
-    ``caveat``: what the rows do not say (a soft baseline, a stale table)."""
+    ``caveat``: what the rows do not say (a soft baseline, a stale table); with ``stale_before``
+    (a date), only for a GPU whose rows were all measured before it."""
 
     technique: str
     tables: tuple[str, ...]
@@ -41,10 +42,12 @@ class Headline:
     baseline: str
     where: str | None = None
     caveat: str | None = None
+    stale_before: str | None = None
 
 
 PRE = "cuBLAS + the faster standalone RMSNorm of the inductor-compiled and Liger's, per row"
 POST = "cuBLAS + the faster standalone norm of the inductor-compiled and Liger's, per row"
+BLOCK = ("prenorm_block_layernorm_prenorm_rmsnorm", "prenorm_block_rmsnorm_prenorm_rmsnorm")
 ATTENTION_CHANGED = ("the attention kernels changed since: fp32 score tiles and a sigmoid-form GELU, 1.4-2.1x "
                      "faster per kernel on an H100 (`nvidia_h100_80gb_hbm3_sm90/variants/gdpa_candidates.md`); "
                      "then the forward's LayerNorm statistics in one pass, 0.94-0.98x the time "
@@ -64,6 +67,20 @@ HEADLINES = [
         "unfused pipeline, {saved}% of the inductor norm's time saved against cuBLAS + inductor norm",
         {"twin": "fused_vs_helion_gemm", "speedup": "speedup_vs_best_unfused", "saved": "saved_vs_cublas_inductor_pct"},
         "cuBLAS + the faster of the compiled RMSNorm, Liger's, and a compiled scaling by the given rstd"),
+    Headline(
+        "Pre-norm block forward (`add_layernorm_matmul`, `add_rmsnorm_matmul`: add, norm, Linear)", BLOCK,
+        "as the op runs it ({dispatch}): {speedup}x the speed of torch.compile of the block (below 1: slower); "
+        "at K >= 1024: {big}x",
+        {"speedup": "speedup_vs_compiled_block", "big": ("speedup_vs_compiled_block", "K >= 1024")},
+        "torch.compile (default mode) of `h = x + r; y = F.linear(norm(h), W)`", where="mode == 'forward'"),
+    Headline(
+        "Pre-norm block forward + backward", BLOCK,
+        "as the op runs it (forward {dispatch}): {speedup}x the speed of torch.compile of the block (below 1: "
+        "slower); forward and backward forced fused: {fused}x",
+        {"speedup": "speedup_vs_compiled_block", "fused": "fused_speedup_vs_compiled_block"},
+        "as above", where="mode == 'training'",
+        caveat="the backward ran unfused (no backward entry); the RMSNorm rows ran 8a70126's backward, which summed "
+               "the weight's gradient in the norm pass (slower, NOTES.md), replaced since and not re-measured"),
     Headline(
         "Full-row post-norm (`matmul_layernorm`, `matmul_rmsnorm`)",
         ("matmul_layernorm_postnorm_fullrow", "matmul_rmsnorm_postnorm_fullrow"),
@@ -128,7 +145,7 @@ HEADLINES = [
         "{speedup}x the speed of torch.compile of the PyTorch pair (below 1: slower); the module's forward ran "
         "{paths}",
         {"speedup": "speedup_vs_compiled"},
-        "as above", where="timer == 'plain'",
+        "torch.compile (default mode) of the PyTorch norm + nn.Linear pair", where="timer == 'plain'", stale_before="2026-12-08",
         caveat="stale: measured 2026-12-01, when the modules ran the fused kernel at rows that now dispatch "
                "unfused and each call cost more host time; re-run with `python bench/training_step.py`"),
 ]
@@ -173,7 +190,8 @@ def headline(h: Headline, gpu: str) -> str:
     orders = ", ".join(sorted(set(df["order"])))
     dates = sorted(str(d)[:10] for d in df["measured_at"])
     when = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
-    caveat = f" **Caveat:** {h.caveat}." if h.caveat else ""
+    stale = h.stale_before is None or dates[-1] < h.stale_before
+    caveat = f" **Caveat:** {h.caveat}." if h.caveat and stale else ""
     return (f"- **{h.technique}**: {h.text.format(**fields)} ({len(df)} rows). Baseline as run: {h.baseline}. "
             f"Timer: {timers}, median; runs per row: {runs} (column order: {orders}); measured {when}. "
             f"Table: {tables}.{caveat}")
@@ -257,7 +275,8 @@ def _is_result_table(csv: Path) -> bool:
 
 
 def _has(h: Headline, gpu: str) -> bool:
-    return all((RESULTS / gpu / f"{t}.csv").is_file() for t in h.tables)
+    """Whether the GPU has the headline's tables and a row its ``where`` selects."""
+    return all((RESULTS / gpu / f"{t}.csv").is_file() for t in h.tables) and not _rows(gpu, h).empty
 
 
 def startup_lines(gpu: str) -> list[str]:
@@ -282,8 +301,8 @@ def readme_block(gpus: list[str]) -> str:
         found = [headline(h, gpu) for h in HEADLINES if _has(h, gpu)] + startup_lines(gpu)
         if found:
             lines += [f"Measured on {gpu} (bf16; every table and plot: `bench/results/README.md`). "
-                      + "".join(ceiling_line(gpu)[:1]), "", *found]
-    return "\n".join(lines + [END])
+                      + "".join(ceiling_line(gpu)[:1]), "", *found, ""]
+    return "\n".join(lines[:-1] + [END])
 
 
 def main() -> int:
