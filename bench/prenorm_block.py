@@ -7,6 +7,7 @@ returning ``(y, h)``:
 
 * ``op``: :func:`helion_kernels.add_rmsnorm_matmul` / ``add_layernorm_matmul`` as dispatched
   (``fused=None``: the registry's decision, the ``dispatch`` column); ``op_fused``: ``fused=True``;
+  ``op_unfused``: ``fused=False`` (the op's own cuBLAS + compiled passes, forward and backward);
 * ``compiled_block``: ``torch.compile`` (default mode) of the PyTorch block, THE baseline;
   ``compiled_pair``: the add eager, then ``torch.compile`` of norm + ``F.linear``;
 * ``liger_fused_add_rmsnorm+cublas``: Liger's fused add + RMSNorm, then ``F.linear``
@@ -17,9 +18,10 @@ returning ``(y, h)``:
 ``--mode forward``: no grad; ``--mode training``: x, residual and the parameters require
 grad, one step is the forward and the backward of both outputs against random gradients
 (seed 1); default: both, one row each (``mode``). Derived: ``speedup_vs_compiled_block`` =
-compiled_block / op, ``fused_speedup_vs_compiled_block`` = compiled_block / op_fused,
+compiled_block / op, ``fused_speedup_vs_compiled_block`` = compiled_block / op_fused (and
+``unfused_...`` with op_unfused),
 ``norm_share_removed_pct`` = (compiled_block - op) / (compiled_block - cublas_mm) * 100 (100:
-the add and the norm are free). ``check``: op's and op_fused's outputs (and in training every
+the add and the norm are free). ``check``: op's, op_fused's and op_unfused's outputs (and in training every
 gradient, at 5e-2) against the float64 PyTorch block, in row chunks (``rel_error``: the largest).
 
 Timer: CUDA-graph replay by default (``--timer plain``: do_bench, host time included), the
@@ -27,7 +29,7 @@ same for every column of a row; ``--repeats N``: the columns in order, then reve
 
     python bench/prenorm_block.py [--norm rmsnorm|layernorm] [--mode forward|training]
         [--workload prenorm_rmsnorm] [--where 'M == 65536'] [--timer plain] [--repeats 3] [--out DIR]
-    python bench/prenorm_block.py --profile ...   # torch.profiler of op, op_fused, compiled_block; prints
+    python bench/prenorm_block.py --profile ...   # torch.profiler of op, op_fused, op_unfused, compiled_block
 
 Writes ``bench/results/<gpu>/prenorm_block_<norm>_<workload>.{csv,md,png}`` (a re-run replaces
 the rows of its mode, M, K, N and timer).
@@ -137,7 +139,8 @@ def row_steps(norm: str, m: int, k: int, n: int, mode: str, device: str = "cuda"
         return pair(h, w, weight, bias), h
 
     columns = {"op": lambda: _op(norm, None)(*args), "op_fused": lambda: _op(norm, True)(*args),
-               "compiled_block": lambda: block(*args), "compiled_pair": pair_step}
+               "op_unfused": lambda: _op(norm, False)(*args), "compiled_block": lambda: block(*args),
+               "compiled_pair": pair_step}
     steps = {name: _step(fn, leaves, grads) for name, fn in columns.items()}
     liger = liger_module("LigerFusedAddRMSNorm", "fused_add_rms_norm", k, EPS, x, weight=weight) \
         if norm == "rmsnorm" else None
@@ -166,7 +169,7 @@ def bench_row(norm: str, m: int, k: int, n: int, mode: str, timer: str = "graph"
     row = {"mode": mode, "M": m, "K": k, "N": n,
            "dtype": registry.dtype_name(DTYPE), "dispatch": "fused" if fused else "unfused"}
     row["rel_error"], row["check"] = 0.0, "ok"
-    for name, forced in (("op", None), ("op_fused", True)):
+    for name, forced in (("op", None), ("op_fused", True), ("op_unfused", False)):
         try:
             row["rel_error"] = max(row["rel_error"], _rel_error(norm, _op(norm, forced), args, grads))
         except AssertionError as err:  # VerificationError
@@ -180,6 +183,7 @@ def bench_row(norm: str, m: int, k: int, n: int, mode: str, timer: str = "graph"
     row["repeats"] = repeats
     row["speedup_vs_compiled_block"] = times["compiled_block"] / times["op"]
     row["fused_speedup_vs_compiled_block"] = times["compiled_block"] / times["op_fused"]
+    row["unfused_speedup_vs_compiled_block"] = times["compiled_block"] / times["op_unfused"]
     if repeats > 1:  # the ratio per repeat (both columns timed in the same repeat): its spread
         ratios = [c / o for c, o in zip(repeated["compiled_block"], repeated["op"])]
         row["speedup_vs_compiled_block_spread"] = max(ratios) - min(ratios)
@@ -227,7 +231,7 @@ def main() -> int:
         for r in table.itertuples():
             for mode in [args.mode] if args.mode else MODES:
                 steps = row_steps(args.norm, int(r.M), int(r.K), int(r.N), mode)[0]
-                for name in ("op", "op_fused", "compiled_block"):
+                for name in ("op", "op_fused", "op_unfused", "compiled_block"):
                     profile(f"{name} {args.norm} {mode} {r.M}x{r.K}x{r.N}", steps[name])
         return 0
     ceilings = device_ceilings(device)
@@ -254,7 +258,8 @@ def main() -> int:
     meta["command"] = shlex.join(["python", "bench/prenorm_block.py", *sys.argv[1:]])
     out = args.out or Path(__file__).resolve().parent / "results" / meta["gpu_key"]
     paths = write_results(df, meta, out, f"prenorm_block_{args.norm}_{args.workload}", plot, notes=(
-        "`speedup_vs_compiled_block` = compiled_block_ms / op_ms; `fused_speedup_vs_compiled_block` with op_fused_ms",
+        "`speedup_vs_compiled_block` = compiled_block_ms / op_ms; `fused_speedup_vs_compiled_block` with op_fused_ms, "
+        "`unfused_speedup_vs_compiled_block` with op_unfused_ms",
         "`norm_share_removed_pct` = (compiled_block - op) / (compiled_block - cublas_mm): 100 = add and norm free"))
     print("wrote " + ", ".join(map(str, paths)))
     return 1 if (df["check"] != "ok").any() else 0

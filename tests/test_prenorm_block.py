@@ -15,8 +15,9 @@ import pytest
 import torch
 from _bench_scripts import run_bench_script
 
-FAKE_MS = {"op": 1.0, "op_fused": 0.8, "compiled_block": 1.2, "compiled_pair": 1.3, "cublas_mm": 0.8}
-COLUMNS = ["op", "op_fused", "compiled_block", "compiled_pair", "cublas_mm"]  # no Liger off a CUDA device
+FAKE_MS = {"op": 1.0, "op_fused": 0.8, "op_unfused": 1.5, "compiled_block": 1.2, "compiled_pair": 1.3,
+           "cublas_mm": 0.8}
+COLUMNS = ["op", "op_fused", "op_unfused", "compiled_block", "compiled_pair", "cublas_mm"]  # no Liger off a GPU
 
 
 @pytest.fixture
@@ -51,6 +52,7 @@ def test_row_checks_the_op_and_derives_the_ratios(norm, mode, unfused, fake_timi
     assert (row["dtype"], row["timer"], row["repeats"], row["dispatch"]) == ("bfloat16", "graph", 2, "fused")
     assert row["speedup_vs_compiled_block"] == pytest.approx(1.2)
     assert row["fused_speedup_vs_compiled_block"] == pytest.approx(1.5)
+    assert row["unfused_speedup_vs_compiled_block"] == pytest.approx(0.8)
     assert row["speedup_vs_compiled_block_spread"] == 0
     assert row["norm_share_removed_pct"] == pytest.approx(50.0)  # (1.2 - 1.0) / (1.2 - 0.8)
     assert all(math.isfinite(v) for k, v in row.items() if isinstance(v, float))
