@@ -266,6 +266,50 @@ def test_compiled_fullgraph_forward_and_backward(op, device):
 
 
 @pytest.mark.ref_mode
+@pytest.mark.parametrize("fused", [None, False], ids=["kernel", "unfused"])
+@pytest.mark.parametrize("params", ["none", "frozen"])
+@pytest.mark.parametrize("op", ["add_rmsnorm", "add_layernorm"])
+def test_compiled_backward_without_trainable_norm_parameters(op, params, fused, device):
+    """Under torch.compile the backward runs through the dispatcher, which refuses outputs that
+    alias each other: the parameters' unneeded gradients must be distinct empty tensors."""
+    x, r, w, weight, bias, dy, dh = _inputs(Shape(24, 64, 40), torch.float32, device, 17)
+    weight, bias = (None, None) if params == "none" else (weight, None if op == "add_rmsnorm" else bias)
+    leaves = [t.detach().requires_grad_() for t in (x, r, w)]
+
+    def step(x, r, w):
+        y, h = _run(op, x, r, w, weight, bias, fused)
+        return (y * dy).sum() + (h * dh).sum()
+
+    step(*leaves).backward()
+    eager = [t.grad for t in leaves]
+    compiled = [t.detach().requires_grad_() for t in (x, r, w)]
+    torch.compile(step, fullgraph=True)(*compiled).backward()
+    check_outputs([t.grad for t in compiled], eager, torch.float32)
+
+
+@pytest.mark.ref_mode
+@pytest.mark.parametrize("op", ["add_rmsnorm", "add_layernorm"])
+def test_no_dgrad_when_only_parameters_need_gradients(op, device, monkeypatch):
+    """After the fused forward (nothing normalised kept) the unfused backward of a frozen x and
+    residual rebuilds the norm's output for the wgrad without the dgrad GEMM ``dy @ b^T``: for
+    ``b`` alone, and for RMSNorm's weight too (from ``x_hat^T @ dy``; LayerNorm's parameters
+    are column sums of ``dy @ b^T``, so they need it)."""
+    x, r, w, weight, bias, dy, _ = _inputs(Shape(24, 64, 40), torch.float32, device, 18)
+    params = [w.detach().requires_grad_(), weight.detach().requires_grad_(op == "add_rmsnorm"),
+              None if op == "add_rmsnorm" else bias]
+    real = runtime.decide
+    monkeypatch.setattr(runtime, "decide", lambda spec, args, fused=None, training=False:
+                        real(spec, args, False if spec in (K.SPEC_LAYERNORM_BACKWARD, K.SPEC_BACKWARD) else fused,
+                             training))
+    y, _ = _run(op, x, r, *params, None)
+    shapes, mm = [], torch.mm
+    monkeypatch.setattr(torch, "mm", lambda a, b, **kw: shapes.append((tuple(a.shape), tuple(b.shape))) or mm(a, b, **kw))
+    (y * dy).sum().backward()
+    assert ((24, 40), (40, 64)) not in shapes, shapes
+    assert all(t is None or t.grad is not None for t in params if t is not None and t.requires_grad)
+
+
+@pytest.mark.ref_mode
 def test_opcheck(device):
     """The custom ops' schemas, fakes and autograd registrations (torch.library.opcheck)."""
     from helion_kernels.techniques.prenorm import layernorm, residual

@@ -46,12 +46,18 @@ def _x_hat32(h: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, layernorm:
     return ((f32(h) - mean[:, None]) if layernorm else f32(h)) * rstd[:, None]
 
 
+def _normed(h: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor | None,
+            bias: torch.Tensor | None, layernorm: int) -> torch.Tensor:
+    """The norm's output from ``h`` and its statistics, in ``h.dtype``."""
+    return _affine(_x_hat32(h, mean, rstd, layernorm), weight, bias, h.dtype)
+
+
 def _add_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
               eps: float, layernorm: int):
     """(h, normed, mean, rstd): the producer pass that also writes the norm's output (affine
     applied), the cuBLAS GEMM's operand: what inductor makes of the block's add and norm."""
     h, mean, rstd = _add_stats(x, residual, eps, layernorm)
-    return h, _affine(_x_hat32(h, mean, rstd, layernorm), weight, bias, h.dtype), mean, rstd
+    return h, _normed(h, mean, rstd, weight, bias, layernorm), mean, rstd
 
 
 def _spec(layernorm: int):
@@ -168,23 +174,29 @@ def _grads(h: torch.Tensor, b: torch.Tensor, weight: torch.Tensor | None, bias: 
         dn, x_hat = _fused_dgrad(h, b, weight, bias, mean, rstd, y, dy, dh, layernorm)
         db, dw, dbias = _unfold_param_grads(x_hat, dy, b, weight, bias, need_b, need_weight, need_bias)
     elif layernorm:  # the compiled block's backward: the affine parameters' sums in the pass
-        if need_h or need_weight or need_bias or (need_b and not kept):
+        write = need_b and not kept
+        if need_h or need_weight or need_bias:
             dn, fresh, dw, dbias = run_compiled(_norm_backward, torch.mm(dy, b.t()), h, mean, rstd, weight, bias, dh,
-                                                1, need_h, need_b and not kept, need_weight, need_bias)
+                                                1, need_h, write, need_weight, need_bias)
             normed = normed if fresh is None else fresh
+        elif write:  # only b's gradient: no dgrad
+            normed = run_compiled(_normed, h, mean, rstd, weight, bias, 1)
         if need_b:
             db = wgrad(normed, dy, b)
     else:  # RMSNorm: the dgrad on the folded b, the weight's gradient from x_hat^T @ dy
         write = (need_b or need_weight) and not kept
-        if need_h or write:
+        if need_h:
             dn, fresh, _, _ = run_compiled(_norm_backward, torch.mm(dy, _folded(b, weight, None)[0].t()), h, mean,
                                            rstd, None, None, dh, 0, need_h, write, False, False)
             normed = normed if fresh is None else fresh
+        elif write:
+            normed = run_compiled(_normed, h, mean, rstd, None, None, 0)
         if need_b or need_weight:
             db, dw, _ = _unfold_param_grads(normed, dy, b, weight, None, need_b, need_weight, False)
-    empty = h.new_empty(0, dtype=torch.float32)
+    # a fresh empty tensor per unneeded output: a custom op's outputs may not alias each other
     return (h.new_empty(0) if dn is None else dn), (b.new_empty(0) if db is None else db), \
-        (empty if dw is None else dw), (empty if dbias is None else dbias)
+        (h.new_empty(0, dtype=torch.float32) if dw is None else dw), \
+        (h.new_empty(0, dtype=torch.float32) if dbias is None else dbias)
 
 
 def _grads_fake(h, b, weight, bias, mean, rstd, normed, y, dy, dh, layernorm, fused, need_h, need_b, need_weight,
