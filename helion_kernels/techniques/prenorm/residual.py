@@ -215,7 +215,9 @@ def _setup_context(ctx, inputs, output):
     x, residual, b, weight, bias, _, layernorm, fused = inputs
     y, h, mean, rstd, normed = output
     ctx.set_materialize_grads(False)
-    normed = normed if ctx.needs_input_grad[2] else normed.new_empty(0, x.shape[1])  # only the wgrad reads it
+    # read by the wgrad only, and by RMSNorm's weight gradient (x_hat^T @ dy)
+    keep = ctx.needs_input_grad[2] or (not layernorm and ctx.needs_input_grad[3])
+    normed = normed if keep else normed.new_empty(0, x.shape[1])
     ctx.save_for_backward(h, b, weight, bias, mean, rstd, normed, y)
     ctx.layernorm, ctx.fused = layernorm, fused
     ctx.mark_non_differentiable(mean, rstd, normed)
