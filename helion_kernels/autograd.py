@@ -212,11 +212,12 @@ def column_major(b: torch.Tensor) -> bool:
     return b.dim() == 2 and not b.is_contiguous() and b.t().is_contiguous()
 
 
-def wgrad(x: torch.Tensor, dc: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def wgrad(x: torch.Tensor, dc: torch.Tensor, b: torch.Tensor, fp32: bool = False) -> torch.Tensor:
     """``dB = x^T @ dc`` [K, N] of ``c = x @ b``, laid out as ``b``: for ``b = W.t()`` the GEMM
     writes W's gradient row-major (as torch's own mm backward), so autograd accumulates it
-    into W without a transposing copy."""
-    return torch.mm(dc.t(), x).t() if column_major(b) else torch.mm(x.t(), dc)
+    into W without a transposing copy. ``fp32``: returned in fp32 (:func:`mm_fp32`)."""
+    mm = mm_fp32 if fp32 else torch.mm
+    return mm(dc.t(), x).t() if column_major(b) else mm(x.t(), dc)
 
 
 def empty_like_layout(b: torch.Tensor) -> torch.Tensor:

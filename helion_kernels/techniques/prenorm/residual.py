@@ -21,9 +21,8 @@ from __future__ import annotations
 import torch
 
 from ... import checks, runtime
-from ...autograd import (Op, col_sums, colsum_for, column_major, empty_like_layout, f32, gemm_operand,
-                         layer_row_backward, layer_stats, mm_fp32, param_grad, rms_row_backward, rms_rstd, run_compiled,
-                         wgrad)
+from ...autograd import (Op, col_sums, colsum_for, empty_like_layout, f32, gemm_operand, layer_row_backward,
+                         layer_stats, param_grad, rms_row_backward, rms_rstd, run_compiled, wgrad)
 from . import LAYERNORM, _kernels, fold_rmsnorm_weight
 from .layernorm import folded_bias
 
@@ -133,7 +132,7 @@ def _unfold_param_grads(x_hat, dy, b, weight, bias, need_b, need_weight, need_bi
     """(dB, dWeight, dBias) from ``x_hat`` (no affine) after the fused dgrad, which leaves no
     ``dy @ b^T``: through ``D = x_hat^T @ dy`` (fp32), ``dB = weight * D + bias (x) colsum(dy)``,
     ``dWeight = rowsum(D * b)``, ``dBias = b @ colsum(dy)``."""
-    d = mm_fp32(dy.t(), x_hat).t() if column_major(b) else mm_fp32(x_hat.t(), dy)  # laid out as b
+    d = wgrad(x_hat, dy, b, fp32=True)
     dcol = col_sums(dy) if bias is not None and (need_b or need_bias) else None
     db = dw = dbias = None
     if need_b:
